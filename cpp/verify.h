@@ -1,0 +1,82 @@
+// specgguf verification core: plain C++ over pointers and sizes, no Python.
+//
+// Layout: every probability/logit matrix is row-major float32, rows of length
+// V. Reductions are defined once, here, so that every SIMD path returns
+// bit-identical results to the scalar one:
+//
+//   * A row is cut into chunks of kChunk elements (the last may be short).
+//   * Inside a chunk, element j goes to double accumulator lane (j % 32); each
+//     lane adds its elements in index order; the chunk sum folds the lanes in
+//     halves: l[j] += l[j+16], then l[j] += l[j+8], +4, +2, +1. (32 lanes:
+//     fewer would leave the adds latency-bound on a single row.)
+//   * A row total is the sequential double sum of its chunk sums.
+//
+// Sampling from a mass row m with uniform u returns the smallest j whose
+// cumulative mass exceeds u * total, where the cumulative mass is the
+// sequential sum of the chunk sums before j's chunk plus the sequential
+// double sum of m inside the chunk. Both are the same on every path.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace specgguf {
+
+constexpr std::size_t kChunk = 256;
+constexpr std::size_t kLanes = 32;
+
+inline std::size_t n_chunks(std::size_t v) { return (v + kChunk - 1) / kChunk; }
+
+// One implementation of the three O(V) kernels. Each SIMD path fills one.
+struct Kernels {
+    const char* name;
+    // Index of the first maximum of x[0..n). Sets *bad if x holds a NaN or
+    // +inf (-inf is allowed: masked logits).
+    std::size_t (*argmax)(const float* x, std::size_t n, bool* bad);
+    // out[c] = sum of chunk c of x (canonical order); returns min(x).
+    float (*chunk_sums)(const float* x, std::size_t n, double* out);
+    // out[c] = sum over chunk c of max(0, p*Q - q*P) in double (the residual
+    // norm(max(0, p/P - q/Q)) scaled by P*Q, so no division is needed).
+    void (*residual_chunk_sums)(const float* p, const float* q, std::size_t n,
+                                double P, double Q, double* out);
+};
+
+// Folds kLanes accumulators in the canonical order (SIMD paths use it for a
+// short last chunk; full chunks fold in registers, in the same order).
+double fold_lanes(double* lanes);
+
+const Kernels& scalar_kernels();
+// nullptr where this build or this CPU cannot run the path.
+const Kernels* avx2_kernels();
+const Kernels* neon_kernels();
+
+// All paths this process can run, scalar first; best is last.
+std::size_t available_kernels(const Kernels** out, std::size_t cap);
+
+// Status codes of the ops. The binding layer turns them into exceptions.
+enum Status : int {
+    kOk = 0,
+    kBadTarget = 1,   // NaN/Inf/negative in a target row that was read
+    kBadDraft = 2,    // NaN/Inf/negative in a draft row that was read
+    kZeroTarget = 3,  // a target row that was read has zero total mass
+    kZeroDraft = 4,   // a draft row that was read has zero total mass
+};
+
+struct Result {
+    int status;
+    std::int64_t n_accepted;
+    std::int64_t token;
+    std::int64_t bad_row;  // row index that caused a non-OK status
+};
+
+// Greedy verification. target: [k+1, v]; draft: [k] (already range-checked).
+Result verify_greedy(const Kernels& kern, const float* target, std::size_t k,
+                     std::size_t v, const std::int64_t* draft);
+
+// Speculative sampling with explicit uniforms u[0..k], each in [0, 1).
+// target: [k+1, v]; draft_probs: [k, v]; draft: [k]. scratch holds at least
+// n_chunks(v) doubles.
+Result accept(const Kernels& kern, const float* target, const float* draft_probs,
+              std::size_t k, std::size_t v, const std::int64_t* draft,
+              const double* u, double* scratch);
+
+}  // namespace specgguf

@@ -1,0 +1,20 @@
+"""specgguf: exact speculative decoding for two GGUF models on small CPUs.
+
+Low level: :func:`verify_greedy`, :func:`accept` (the verification ops) and
+:class:`SpeculativeDecoder` (the draft/verify loop over your own callbacks).
+"""
+
+from .decoder import DecoderStats, SpeculativeDecoder
+from .verify import accept, accept_uniforms, get_kernel, kernels, set_kernel, verify_greedy
+
+__all__ = [
+    "DecoderStats",
+    "SpeculativeDecoder",
+    "accept",
+    "accept_uniforms",
+    "get_kernel",
+    "kernels",
+    "set_kernel",
+    "verify_greedy",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,71 @@
+"""Plain numpy reference of the verification ops, for checking, not speed.
+
+Same contract as :mod:`specgguf.verify` (same uniforms, same decisions), but
+written the obvious way in float64 with ``np.sum``/``np.cumsum``. Its sums
+round in a different order from the compiled kernels, so on a draw that lands
+within rounding of a decision boundary the two may legitimately differ; the
+``margin`` it returns says how close the nearest decision was (relative), so a
+test can tell such a tie from a bug.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence, Tuple
+
+import numpy as np
+
+
+def verify_greedy(target_probs: np.ndarray, draft_tokens: Sequence[int]) -> Tuple[int, int]:
+    """Reference of :func:`specgguf.verify_greedy`. target_probs ``[K+1, V]``."""
+    target = np.asarray(target_probs)
+    k = len(draft_tokens)
+    for i in range(k + 1):
+        a = int(np.argmax(target[i]))
+        if i == k or int(draft_tokens[i]) != a:
+            return i, a
+    raise AssertionError("unreachable")
+
+
+def _sample(mass: np.ndarray, total: float, u: float) -> Tuple[int, float]:
+    """Smallest j with cumsum(mass)[j] > u * total; and the relative margin."""
+    c = np.cumsum(mass)
+    x = u * total
+    j = int(np.searchsorted(c, x, side="right"))
+    if j >= len(mass):  # rounding: the last token with mass
+        j = int(np.flatnonzero(mass > 0)[-1])
+    near = [abs(c[i] - x) for i in (j - 1, j) if 0 <= i < len(c)]
+    return j, min(near) / total
+
+
+def accept_uniforms(target_probs: np.ndarray, draft_probs: np.ndarray,
+                    draft_tokens: Sequence[int], uniforms: Sequence[float]
+                    ) -> Tuple[int, int, float]:
+    """Reference of :func:`specgguf.accept_uniforms`.
+
+    Returns ``(n_accepted, next_token, margin)``: margin is the smallest
+    relative distance of any decision taken to its threshold.
+    """
+    target = np.asarray(target_probs, dtype=np.float64)
+    k = len(draft_tokens)
+    draft = np.asarray(draft_probs, dtype=np.float64).reshape(k, target.shape[1])
+    u = np.asarray(uniforms, dtype=np.float64)
+    margin = np.inf
+    for i in range(k):
+        p, q, t = target[i], draft[i], int(draft_tokens[i])
+        P, Q = p.sum(), q.sum()
+        lhs, rhs = u[i] * q[t] * P, p[t] * Q
+        margin = min(margin, abs(lhs - rhs) / max(rhs, lhs, 1e-300))
+        if lhs < rhs:
+            continue
+        r = np.maximum(p * Q - q * P, 0.0)
+        R = r.sum()
+        thr = P * Q * 1e-15
+        if thr > 0:
+            margin = min(margin, abs(np.log(max(R, 1e-300) / thr)))
+        if not R > P * Q * 1e-15:  # residual vanished to rounding: sample p
+            r, R = p, P
+        j, m = _sample(r, R, u[k])
+        return i, j, min(margin, m)
+    p = target[k]
+    j, m = _sample(p, p.sum(), u[k])
+    return k, j, min(margin, m)

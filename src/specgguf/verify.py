@@ -1,0 +1,155 @@
+"""Verification ops: one speculative-decoding round's accept/reject decision.
+
+Both ops take the target model's rows for the K drafted positions plus one
+(the bonus position) and return ``(n_accepted, next_token)``: keep
+``draft_tokens[:n_accepted]`` and append ``next_token``. The work runs in the
+compiled extension ``specgguf._core`` (NEON on aarch64, AVX2 on x86-64 when the
+CPU has it, scalar otherwise; every path returns identical results).
+
+Array arguments may be numpy arrays or anything numpy can view through the
+buffer protocol or ``__array__`` (torch CPU tensors included). float32
+C-contiguous input is used in place; other real dtypes are converted.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from . import _core
+
+GeneratorLike = Union[np.random.Generator, int, None]
+
+_default_rng: Optional[np.random.Generator] = None
+
+
+def as_generator(generator: GeneratorLike) -> np.random.Generator:
+    """Resolve the ``generator`` argument of :func:`accept`.
+
+    A ``numpy.random.Generator`` is used as is; an int seeds a new one; None
+    uses a process-wide generator seeded once from fresh OS entropy.
+    """
+    global _default_rng
+    if isinstance(generator, np.random.Generator):
+        return generator
+    if generator is None:
+        if _default_rng is None:
+            _default_rng = np.random.default_rng()
+        return _default_rng
+    if isinstance(generator, numbers.Integral) and not isinstance(generator, bool):
+        return np.random.default_rng(int(generator))
+    raise TypeError(
+        "generator must be a numpy.random.Generator, an int seed or None, "
+        f"got {type(generator).__name__}"
+    )
+
+
+def verify_greedy(target_probs: Any, draft_tokens: Sequence[int]) -> Tuple[int, int]:
+    """Greedy (temperature 0) verification.
+
+    Accept ``draft_tokens[i]`` while it equals ``argmax(target_probs[i])``; at
+    the first miss return ``(i, argmax(target_probs[i]))``; if all K match,
+    return ``(K, argmax(target_probs[K]))``. Ties go to the lowest index. Rows
+    after the first miss are not read. The emitted stream is exactly plain
+    greedy decoding of the target.
+
+    Args:
+        target_probs: ``[K+1, V]`` float32 (other real dtypes are converted).
+            Probabilities or logits: only the argmax is read, so no softmax is
+            needed. ``-inf`` is allowed (masked logits); NaN and ``+inf`` are
+            errors.
+        draft_tokens: ``[K]`` integer token ids in ``[0, V)``; K may be 0.
+
+    Returns:
+        ``(n_accepted, next_token)``: two ints, ``0 <= n_accepted <= K``.
+
+    Raises:
+        TypeError: non-numeric arrays, non-integer tokens.
+        ValueError: wrong ndim or shape, V = 0, token out of range, NaN/+inf
+            in a row that was read.
+    """
+    return _core.verify_greedy(target_probs, draft_tokens)
+
+
+def accept(
+    target_probs: Any,
+    draft_probs: Any,
+    draft_tokens: Sequence[int],
+    generator: GeneratorLike = None,
+) -> Tuple[int, int]:
+    """Exact speculative sampling (Leviathan et al. 2023; Chen et al. 2023).
+
+    With ``p_i = target_probs[i] / sum(target_probs[i])`` and
+    ``q_i = draft_probs[i] / sum(draft_probs[i])``: accept ``t_i =
+    draft_tokens[i]`` with probability ``min(1, p_i(t_i) / q_i(t_i))``; at the
+    first rejection sample the next token from ``norm(max(0, p_i - q_i))``; if
+    all K are accepted, sample the bonus token from ``p_K``. The emitted tokens
+    are distributed exactly as sampling from the target, provided the draft
+    tokens were sampled from ``q`` and both models' distributions were warped
+    (temperature, top-k, ...) identically.
+
+    Randomness contract: exactly ``generator.random(K + 1)`` is drawn, after
+    the arguments are checked. ``u[i]`` decides position i (accept iff
+    ``u[i] * q_i(t_i) * P_i < p_i(t_i) * Q_i`` in double, i.e. ``u[i] <
+    p/q`` without division rounding, with P, Q the row totals); ``u[K]``
+    drives the single final sample: the smallest index j whose cumulative
+    mass exceeds ``u[K]`` times the row's total. Use :func:`accept_uniforms`
+    to supply the uniforms yourself.
+
+    Row totals are accumulated in double in a fixed order (``cpp/verify.h``),
+    so masses need not be normalized and every kernel path agrees exactly. If
+    the residual's mass vanishes to rounding (p and q equal up to float
+    precision), the correction is sampled from ``p_i`` instead.
+
+    Args:
+        target_probs: ``[K+1, V]`` float32, non-negative finite masses.
+        draft_probs: ``[K, V]`` float32, non-negative finite masses. For
+            K = 0 it may be None.
+        draft_tokens: ``[K]`` integer token ids in ``[0, V)``.
+        generator: ``numpy.random.Generator``, an int seed, or None.
+
+    Returns:
+        ``(n_accepted, next_token)``: two ints, ``0 <= n_accepted <= K``.
+
+    Raises:
+        TypeError: non-numeric arrays, non-integer tokens, bad generator.
+        ValueError: wrong ndim or shape, V mismatch, V = 0, token out of
+            range; NaN, Inf, negative values or zero total mass in a row that
+            was read (rows after the first rejection are not read).
+    """
+    gen = as_generator(generator)
+    if draft_probs is None:
+        draft_probs = _empty_draft(target_probs)
+    return _core.accept(target_probs, draft_probs, draft_tokens, gen)
+
+
+def accept_uniforms(
+    target_probs: Any, draft_probs: Any, draft_tokens: Sequence[int], uniforms: Any
+) -> Tuple[int, int]:
+    """:func:`accept` with the K+1 uniforms given: ``uniforms`` ``[K+1]`` float64
+    in ``[0, 1)``. Lets any other implementation be checked draw for draw."""
+    if draft_probs is None:
+        draft_probs = _empty_draft(target_probs)
+    return _core.accept_uniforms(target_probs, draft_probs, draft_tokens, uniforms)
+
+
+def _empty_draft(target_probs: Any) -> np.ndarray:
+    v = np.shape(target_probs)[-1] if np.ndim(target_probs) == 2 else 1
+    return np.zeros((0, v), dtype=np.float32)
+
+
+def kernels() -> list:
+    """Kernel paths this CPU can run, scalar first (e.g. ``['scalar', 'avx2']``)."""
+    return _core.kernels()
+
+
+def get_kernel() -> str:
+    """The kernel path in use (set by ``SPECGGUF_KERNEL`` or :func:`set_kernel`)."""
+    return _core.get_kernel()
+
+
+def set_kernel(name: str) -> None:
+    """Use kernel path ``name`` (one of :func:`kernels`, or ``'auto'``) process-wide."""
+    _core.set_kernel(name)

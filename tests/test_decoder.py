@@ -1,0 +1,109 @@
+"""SpeculativeDecoder with toy callbacks: greedy exactness, limits, stats, errors."""
+
+import numpy as np
+import pytest
+
+import specgguf
+
+V = 64
+
+
+def toy_logits(seq):
+    """A deterministic 'target model': logits from a hash of the last 3 tokens."""
+    rng = np.random.default_rng(hash(tuple(seq[-3:])) % (2**32))
+    return rng.standard_normal(V).astype(np.float32)
+
+
+def target_step(prefix, proposed):
+    seq = prefix + proposed
+    return np.stack([toy_logits(seq[: len(prefix) + i]) for i in range(len(proposed) + 1)])
+
+
+def make_draft(agree):
+    """Greedy draft agreeing with the target's argmax with probability `agree`."""
+    rng = np.random.default_rng(0)
+
+    def draft_step(prefix, k):
+        seq, toks = list(prefix), []
+        for _ in range(k):
+            t = int(np.argmax(toy_logits(seq))) if rng.random() < agree else int(rng.integers(V))
+            toks.append(t)
+            seq.append(t)
+        return toks, None
+    return draft_step
+
+
+def plain_greedy(prompt, n):
+    seq = list(prompt)
+    for _ in range(n):
+        seq.append(int(np.argmax(toy_logits(seq))))
+    return seq[len(prompt):]
+
+
+@pytest.mark.parametrize("agree,k", [(1.0, 4), (0.7, 4), (0.0, 3), (0.5, 1), (0.9, 0), (0.8, 8)])
+def test_greedy_equals_plain_target_decoding(agree, k):
+    prompt = [1, 2, 3]
+    dec = specgguf.SpeculativeDecoder(make_draft(agree), target_step, k=k, greedy=True)
+    for max_new in (1, 7, 50):
+        assert dec.generate(prompt, max_new=max_new) == plain_greedy(prompt, max_new)
+        assert dec.stats.emitted == max_new and dec.stats.finish_reason == "length"
+
+
+def test_stop_token_inside_accepted_block():
+    prompt = [5, 6]
+    ref = plain_greedy(prompt, 40)
+    stop = ref[10]
+    first = ref.index(stop)
+    dec = specgguf.SpeculativeDecoder(make_draft(1.0), target_step, k=8)
+    out = dec.generate(prompt, max_new=40, stop_tokens=[stop])
+    assert out == ref[: first + 1]
+    assert dec.stats.finish_reason == "stop"
+
+
+def test_stream_yields_tokens_as_generate():
+    dec = specgguf.SpeculativeDecoder(make_draft(0.8), target_step, k=4)
+    assert list(dec.stream([9], max_new=20)) == plain_greedy([9], 20)
+
+
+def test_stats():
+    dec = specgguf.SpeculativeDecoder(make_draft(1.0), target_step, k=4)
+    dec.generate([1], max_new=20)
+    s = dec.stats
+    # A perfect draft: every round accepts all it drafted and emits k+1.
+    assert s.drafted == s.accepted and s.acceptance_rate == 1.0
+    assert s.rounds == 4 and s.accepted_hist == [0, 0, 0, 0, 4]
+    assert s.position_acceptance == [1.0] * 4
+    assert s.mean_accepted == 4.0
+    dec = specgguf.SpeculativeDecoder(make_draft(0.0), target_step, k=2)
+    dec.generate([1], max_new=10)
+    s = dec.stats
+    assert sum(s.accepted_hist) == s.rounds and s.accepted_hist[0] > 0
+    assert s.drafted == sum(s.position_drafted) and s.accepted == sum(s.position_accepted)
+    assert s.as_dict()["rounds"] == s.rounds
+
+
+def test_callback_errors_are_clear():
+    good_draft = make_draft(1.0)
+    with pytest.raises(ValueError, match="more than the k"):
+        specgguf.SpeculativeDecoder(lambda p, k: ([1] * (k + 1), None), target_step).generate([1], 5)
+    with pytest.raises(TypeError, match=r"\(tokens, probs\) tuple"):
+        specgguf.SpeculativeDecoder(lambda p, k: [1] * k, target_step).generate([1], 5)
+    with pytest.raises(TypeError, match="not a sequence of ints"):
+        specgguf.SpeculativeDecoder(lambda p, k: (["a"] * k, None), target_step).generate([1], 5)
+    with pytest.raises(ValueError, match="target_step returned shape"):
+        specgguf.SpeculativeDecoder(good_draft, lambda p, d: np.zeros((1, V))).generate([1], 5)
+    with pytest.raises(ValueError, match="probs=None"):
+        specgguf.SpeculativeDecoder(good_draft, target_step, greedy=False).generate([1], 5)
+    with pytest.raises(ValueError, match="probs of shape"):
+        specgguf.SpeculativeDecoder(lambda p, k: ([1] * k, np.ones((1, V))), target_step,
+                                    greedy=False).generate([1], 5)
+    with pytest.raises(ValueError, match="prompt_ids"):
+        specgguf.SpeculativeDecoder(good_draft, target_step).generate([], 5)
+    with pytest.raises(ValueError, match="k must be >= 0"):
+        specgguf.SpeculativeDecoder(good_draft, target_step, k=-1)
+    with pytest.raises(TypeError, match="k must be an int"):
+        specgguf.SpeculativeDecoder(good_draft, target_step, k=2.5)
+    with pytest.raises(ValueError, match="max_new"):
+        specgguf.SpeculativeDecoder(good_draft, target_step).generate([1], -1)
+    with pytest.raises(TypeError, match="generator"):
+        specgguf.SpeculativeDecoder(good_draft, target_step, generator="seed")
