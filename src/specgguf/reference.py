@@ -45,13 +45,14 @@ def accept_uniforms(target_probs: np.ndarray, draft_probs: np.ndarray,
     Returns ``(n_accepted, next_token, margin)``: margin is the smallest
     relative distance of any decision taken to its threshold.
     """
-    target = np.asarray(target_probs, dtype=np.float64)
+    target = np.asarray(target_probs)
     k = len(draft_tokens)
-    draft = np.asarray(draft_probs, dtype=np.float64).reshape(k, target.shape[1])
+    draft = np.asarray(draft_probs).reshape(k, target.shape[1])
     u = np.asarray(uniforms, dtype=np.float64)
     margin = np.inf
     for i in range(k):
-        p, q, t = target[i], draft[i], int(draft_tokens[i])
+        # Rows are converted as they are read: rows after a rejection never are.
+        p, q, t = target[i].astype(np.float64), draft[i].astype(np.float64), int(draft_tokens[i])
         P, Q = p.sum(), q.sum()
         lhs, rhs = u[i] * q[t] * P, p[t] * Q
         margin = min(margin, abs(lhs - rhs) / max(rhs, lhs, 1e-300))
@@ -66,6 +67,6 @@ def accept_uniforms(target_probs: np.ndarray, draft_probs: np.ndarray,
             r, R = p, P
         j, m = _sample(r, R, u[k])
         return i, j, min(margin, m)
-    p = target[k]
+    p = target[k].astype(np.float64)
     j, m = _sample(p, p.sum(), u[k])
     return k, j, min(margin, m)

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The NEON path on an x86-64 machine: cross-compile with g++-aarch64-linux-gnu
+# and run under qemu-aarch64 pinned to a Cortex-A72 (a Pi 4; qemu's default CPU
+# has SVE/dotprod, which would hide a dependence on newer instructions).
+#  1. cpp/test_kernels: every path vs scalar, bit for bit (no Python).
+#  2. the real extension, cross-built against an arm64 Debian Python, running
+#     the op and decoder tests under emulation.
+# Also runs the x86 kernel test under qemu -cpu Nehalem (no AVX2): the
+# dispatch must fall back to scalar without an illegal instruction.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SRC="cpp/verify.cpp cpp/verify_avx2.cpp cpp/verify_neon.cpp"
+WORK=${SPECGGUF_ARM_WORK:-/tmp/specgguf-aarch64}
+SUITE=bookworm
+MIRROR=$(sed -n 's/^URIs: *//p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -1)
+MIRROR=${MIRROR:-http://deb.debian.org/debian}
+
+need=()
+command -v aarch64-linux-gnu-g++ >/dev/null || need+=(g++-aarch64-linux-gnu)
+command -v qemu-aarch64 >/dev/null || need+=(qemu-user)
+command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
+if [ ${#need[@]} -gt 0 ]; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+mkdir -p "$WORK"
+
+echo "== x86-64 without AVX2 (qemu -cpu Nehalem): scalar fallback"
+g++ -O3 -std=c++17 -ffp-contract=off -Icpp cpp/test_kernels.cpp $SRC -o "$WORK/tk_x86"
+qemu-x86_64 -cpu Nehalem "$WORK/tk_x86" | tail -2
+
+echo "== aarch64 kernels (qemu -cpu cortex-a72): NEON vs scalar"
+aarch64-linux-gnu-g++ -O3 -std=c++17 -static -ffp-contract=off -Icpp cpp/test_kernels.cpp $SRC -o "$WORK/tk_arm"
+qemu-aarch64 -cpu cortex-a72 "$WORK/tk_arm" | tail -2
+
+echo "== aarch64 extension: op and decoder tests under emulation"
+ROOT="$WORK/sysroot"
+if [ ! -x "$ROOT/usr/bin/python3" ]; then
+  rm -rf "$ROOT"
+  mmdebstrap --quiet --arch=arm64 --variant=extract \
+    --include=python3,python3-numpy,python3-pytest,python3-dev,python3-pybind11,python3-hypothesis,python3-scipy,libstdc++6 \
+    "$SUITE" "$ROOT" "$MIRROR"
+fi
+PYV=$(cd "$ROOT/usr/include" && ls -d python3.* | grep -m1 -E "^python3\.[0-9]+$")
+PKG="$WORK/pkg/specgguf"
+rm -rf "$WORK/pkg" && mkdir -p "$PKG"
+cp src/specgguf/*.py src/specgguf/py.typed "$PKG/"
+aarch64-linux-gnu-g++ -O3 -std=c++17 -shared -fPIC -ffp-contract=off -static-libstdc++ -Icpp \
+  -I"$ROOT/usr/include/$PYV" -idirafter "$ROOT/usr/include" \
+  cpp/bindings.cpp $SRC -o "$PKG/_core.cpython-${PYV#python}-aarch64-linux-gnu.so"
+QEMU_LD_PREFIX="$ROOT" \
+LD_LIBRARY_PATH="$ROOT/usr/lib/aarch64-linux-gnu/blas:$ROOT/usr/lib/aarch64-linux-gnu/lapack" \
+PYTHONPATH="$WORK/pkg" \
+  qemu-aarch64 -cpu cortex-a72 "$ROOT/usr/bin/python3" -m pytest -q -p no:cacheprovider \
+  tests/test_verify_exact.py tests/test_verify_errors.py tests/test_verify_law.py tests/test_decoder.py
