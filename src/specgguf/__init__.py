@@ -18,3 +18,12 @@ __all__ = [
     "verify_greedy",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # The llama.cpp layer is imported on first use, so the ops and the decoder
+    # work without llama-cpp-python (e.g. the aarch64 emulation job).
+    if name in ("generate", "SpeculativeLlama", "GenerationResult"):
+        from . import generate as _g
+        return getattr(_g, name)
+    raise AttributeError(f"module 'specgguf' has no attribute {name!r}")
