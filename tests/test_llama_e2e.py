@@ -12,7 +12,7 @@ llama_cpp = pytest.importorskip("llama_cpp")
 
 import specgguf  # noqa: E402
 from specgguf import models  # noqa: E402
-from specgguf.generate import SpeculativeLlama  # noqa: E402
+from specgguf.api import SpeculativeLlama  # noqa: E402
 from specgguf.llama_adapter import LlamaPair  # noqa: E402
 
 PROMPTS = [

@@ -8,6 +8,9 @@ from .decoder import DecoderStats, SpeculativeDecoder
 from .verify import accept, accept_uniforms, get_kernel, kernels, set_kernel, verify_greedy
 
 __all__ = [
+    "GenerationResult",
+    "SpeculativeLlama",
+    "generate",
     "DecoderStats",
     "SpeculativeDecoder",
     "accept",
@@ -24,6 +27,6 @@ def __getattr__(name: str):
     # The llama.cpp layer is imported on first use, so the ops and the decoder
     # work without llama-cpp-python (e.g. the aarch64 emulation job).
     if name in ("generate", "SpeculativeLlama", "GenerationResult"):
-        from . import generate as _g
-        return getattr(_g, name)
+        from . import api
+        return getattr(api, name)
     raise AttributeError(f"module 'specgguf' has no attribute {name!r}")

@@ -109,7 +109,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from . import models
-    from .generate import SpeculativeLlama
+    from .api import SpeculativeLlama
 
     if args.prompt is not None:
         prompt = args.prompt
