@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "verify.h"
+#include "warp.h"
 
 namespace py = pybind11;
 using namespace specgguf;
@@ -161,6 +162,34 @@ py::tuple accept_impl(py::handle target_probs, py::handle draft_probs, py::handl
     return result_or_raise(r);
 }
 
+py::array_t<float> py_warp(py::handle logits, double temperature, long long top_k, double top_p,
+                          double min_p) {
+    if (!(temperature > 0.0) || !std::isfinite(temperature))
+        throw py::value_error("temperature must be a finite number > 0 (0 means greedy: no warping), got " +
+                              std::to_string(temperature));
+    if (top_k < 0) throw py::value_error("top_k must be >= 0 (0 = off), got " + std::to_string(top_k));
+    if (!(top_p >= 0.0 && top_p <= 1.0)) throw py::value_error("top_p must be in [0, 1], got " + std::to_string(top_p));
+    if (!(min_p >= 0.0 && min_p <= 1.0)) throw py::value_error("min_p must be in [0, 1], got " + std::to_string(min_p));
+    py::array a = as_array(logits, "logits");
+    if (a.ndim() != 2) throw py::value_error("logits must be 2-D [n, V], got shape " + shape_str(a));
+    const std::size_t n = (std::size_t)a.shape(0);
+    auto lg = as_matrix(logits, "logits", n, n);
+    const std::size_t v = (std::size_t)lg.shape(1);
+    py::array_t<float> out({(py::ssize_t)n, (py::ssize_t)v});
+    const WarpParams wp{temperature, (std::size_t)top_k, top_p, min_p};
+    std::size_t bad_row = n;
+    {
+        py::gil_scoped_release nogil;
+        std::vector<std::pair<float, std::uint32_t>> scratch;
+        for (std::size_t r = 0; r < n && bad_row == n; ++r)
+            if (!warp_row(lg.data() + r * v, v, wp, out.mutable_data() + r * v, scratch)) bad_row = r;
+    }
+    if (bad_row != n)
+        throw py::value_error("logits row " + std::to_string(bad_row) +
+                              " contains NaN or +inf, or has no finite value");
+    return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -187,6 +216,8 @@ PYBIND11_MODULE(_core, m) {
             return accept_impl(t, d, tok, [&](std::size_t) { return uniforms; });
         },
         py::arg("target_probs"), py::arg("draft_probs"), py::arg("draft_tokens"), py::arg("uniforms"));
+    m.def("warp", &py_warp, py::arg("logits"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"),
+          py::arg("min_p"));
     m.def("kernels", [] {
         std::vector<std::string> names;
         for (const Kernels* k : all_kernels()) names.push_back(k->name);

@@ -9,7 +9,7 @@
 # dispatch must fall back to scalar without an illegal instruction.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SRC="cpp/verify.cpp cpp/verify_avx2.cpp cpp/verify_neon.cpp"
+SRC="cpp/verify.cpp cpp/verify_avx2.cpp cpp/verify_neon.cpp cpp/warp.cpp"
 WORK=${SPECGGUF_ARM_WORK:-/tmp/specgguf-aarch64}
 SUITE=bookworm
 MIRROR=$(sed -n 's/^URIs: *//p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -1)
@@ -46,9 +46,10 @@ rm -rf "$WORK/pkg" && mkdir -p "$PKG"
 cp src/specgguf/*.py src/specgguf/py.typed "$PKG/"
 aarch64-linux-gnu-g++ -O3 -std=c++17 -shared -fPIC -ffp-contract=off -static-libstdc++ -Icpp \
   -I"$ROOT/usr/include/$PYV" -idirafter "$ROOT/usr/include" \
-  cpp/bindings.cpp $SRC -o "$PKG/_core.cpython-${PYV#python}-aarch64-linux-gnu.so"
+  cpp/bindings.cpp $SRC -o "$PKG/_core.cpython-$(echo "${PYV#python}" | tr -d .)-aarch64-linux-gnu.so"
 QEMU_LD_PREFIX="$ROOT" \
 LD_LIBRARY_PATH="$ROOT/usr/lib/aarch64-linux-gnu/blas:$ROOT/usr/lib/aarch64-linux-gnu/lapack" \
 PYTHONPATH="$WORK/pkg" \
   qemu-aarch64 -cpu cortex-a72 "$ROOT/usr/bin/python3" -m pytest -q -p no:cacheprovider \
-  tests/test_verify_exact.py tests/test_verify_errors.py tests/test_verify_law.py tests/test_decoder.py
+  tests/test_verify_exact.py tests/test_verify_errors.py tests/test_verify_law.py tests/test_decoder.py \
+  tests/test_sampling.py

@@ -62,7 +62,8 @@ def accept_uniforms(target_probs: np.ndarray, draft_probs: np.ndarray,
         R = r.sum()
         thr = P * Q * 1e-15
         if thr > 0:
-            margin = min(margin, abs(np.log(max(R, 1e-300) / thr)))
+            with np.errstate(over="ignore", divide="ignore"):
+                margin = min(margin, abs(np.log(max(R, 1e-300) / thr)))
         if not R > P * Q * 1e-15:  # residual vanished to rounding: sample p
             r, R = p, P
         j, m = _sample(r, R, u[k])
@@ -70,3 +71,27 @@ def accept_uniforms(target_probs: np.ndarray, draft_probs: np.ndarray,
     p = target[k].astype(np.float64)
     j, m = _sample(p, p.sum(), u[k])
     return k, j, min(margin, m)
+
+
+def warp(logits: np.ndarray, temperature: float, top_k: int = 40, top_p: float = 0.95,
+         min_p: float = 0.05) -> np.ndarray:
+    """Reference of :func:`specgguf.sampling.warp`: ``[n, V]`` logits -> probabilities."""
+    logits = np.asarray(logits, dtype=np.float32)
+    n, v = logits.shape
+    out = np.zeros((n, v), dtype=np.float32)
+    for r in range(n):
+        row = logits[r]
+        order = np.lexsort((np.arange(v), -row))  # by logit, ties to the lower index
+        order = order[np.isfinite(row[order])]
+        if 0 < top_k < v:
+            order = order[:top_k]
+        vals = row[order].astype(np.float64)
+        e = np.exp(vals - vals[0])
+        keep = len(e)
+        if top_p < 1.0:
+            keep = min(keep, int(np.searchsorted(np.cumsum(e / e.sum()), top_p)) + 1)
+        if min_p > 0.0:
+            keep = min(keep, max(1, int(np.count_nonzero(e >= min_p))))
+        w = np.exp((vals[:keep] - vals[0]) / temperature)
+        out[r, order[:keep]] = w / w.sum()
+    return out

@@ -1,0 +1,63 @@
+"""The compiled warp against the numpy reference, and its errors."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from specgguf import reference, sampling
+
+
+@settings(max_examples=200, deadline=None)
+@given(v=st.integers(1, 300), n=st.integers(1, 4), seed=st.integers(0, 2**32 - 1),
+       temperature=st.sampled_from([0.1, 0.7, 1.0, 2.5]), top_k=st.sampled_from([0, 1, 5, 40, 1000]),
+       top_p=st.sampled_from([0.0, 0.5, 0.9, 0.95, 1.0]), min_p=st.sampled_from([0.0, 0.05, 0.5, 1.0]),
+       ties=st.booleans(), masked=st.booleans())
+def test_warp_matches_reference(v, n, seed, temperature, top_k, top_p, min_p, ties, masked):
+    rng = np.random.default_rng(seed)
+    logits = (rng.standard_normal((n, v)) * 4).astype(np.float32)
+    if ties:
+        logits = np.round(logits)  # many equal logits: order ties by index
+    if masked:
+        logits[rng.random((n, v)) < 0.3] = -np.inf
+        logits[:, 0] = 0.0  # at least one finite value per row
+    got = sampling.warp(logits, temperature, top_k, top_p, min_p)
+    want = reference.warp(logits, temperature, top_k, top_p, min_p)
+    np.testing.assert_array_equal(got > 0, want > 0)  # the same kept set
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-12)
+    np.testing.assert_allclose(got.sum(1), 1.0, rtol=1e-5)
+    if 0 < top_k:
+        assert ((got > 0).sum(1) <= top_k).all()
+
+
+def test_warp_rules():
+    l = np.array([[3.0, 1.0, 3.0, -np.inf, 2.0]], np.float32)
+    p = sampling.warp(l, 1.0, top_k=1, top_p=1.0, min_p=0.0)
+    assert p.tolist() == [[1.0, 0.0, 0.0, 0.0, 0.0]]  # tie at the top: lower index
+    p = sampling.warp(l, 1.0, top_k=0, top_p=1.0, min_p=0.0)
+    assert p[0, 3] == 0.0 and p[0, 0] == p[0, 2]
+    e = np.exp([3.0, 1.0, 3.0, 2.0])
+    np.testing.assert_allclose(p[0, [0, 1, 2, 4]], e / e.sum(), rtol=1e-6)
+    # min_p = 0.3 keeps tokens with p >= 0.3 * p_max: logits >= 3 + ln 0.3 = 1.80
+    p = sampling.warp(l, 1.0, top_k=0, top_p=1.0, min_p=0.3)
+    assert (p[0] > 0).tolist() == [True, False, True, False, True]
+
+
+@pytest.mark.parametrize("kwargs,msg", [
+    (dict(temperature=0.0), "temperature must be a finite number > 0"),
+    (dict(temperature=np.nan), "temperature"),
+    (dict(top_k=-1), "top_k must be >= 0"),
+    (dict(top_p=1.5), r"top_p must be in \[0, 1\]"),
+    (dict(min_p=-0.1), r"min_p must be in \[0, 1\]"),
+])
+def test_warp_bad_settings(kwargs, msg):
+    args = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05) | kwargs
+    with pytest.raises(ValueError, match=msg):
+        sampling.warp(np.zeros((1, 5), np.float32), **args)
+
+
+@pytest.mark.parametrize("row", [[0.0, np.nan], [0.0, np.inf], [-np.inf, -np.inf]])
+def test_warp_bad_rows(row):
+    with pytest.raises(ValueError, match="logits row 0"):
+        sampling.warp(np.array([row], np.float32), 0.8, 40, 0.95, 0.05)
+    with pytest.raises(ValueError, match="must be 2-D"):
+        sampling.warp(np.zeros(5, np.float32), 0.8, 40, 0.95, 0.05)
