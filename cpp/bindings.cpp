@@ -162,6 +162,25 @@ py::tuple accept_impl(py::handle target_probs, py::handle draft_probs, py::handl
     return result_or_raise(r);
 }
 
+// accept_onehot: uniforms come from `draw` only after every check, as in accept_impl.
+template <class Draw>
+py::tuple accept_onehot_impl(py::handle target_probs, py::handle draft_tokens, Draw draw) {
+    auto tok = as_tokens(draft_tokens);
+    const std::size_t k = (std::size_t)tok.size();
+    auto tp = as_matrix(target_probs, "target_probs", k + 1, k);
+    const std::size_t v = (std::size_t)tp.shape(1);
+    check_token_range(tok.data(), k, v);
+    auto u = as_uniforms(draw(k), k);
+    static thread_local std::vector<double> scratch;
+    scratch.resize(n_chunks(v));
+    Result r;
+    {
+        py::gil_scoped_release nogil;
+        r = accept_onehot(*g_kernel, tp.data(), k, v, tok.data(), u.data(), scratch.data());
+    }
+    return result_or_raise(r);
+}
+
 py::array_t<float> py_warp(py::handle logits, double temperature, long long top_k, double top_p,
                           double min_p) {
     if (!(temperature > 0.0) || !std::isfinite(temperature))
@@ -216,6 +235,18 @@ PYBIND11_MODULE(_core, m) {
             return accept_impl(t, d, tok, [&](std::size_t) { return uniforms; });
         },
         py::arg("target_probs"), py::arg("draft_probs"), py::arg("draft_tokens"), py::arg("uniforms"));
+    m.def(
+        "accept_onehot",
+        [](py::handle t, py::handle tok, py::handle generator) {
+            return accept_onehot_impl(t, tok, [&](std::size_t k) { return generator.attr("random")(k + 1); });
+        },
+        py::arg("target_probs"), py::arg("draft_tokens"), py::arg("generator"));
+    m.def(
+        "accept_onehot_uniforms",
+        [](py::handle t, py::handle tok, py::handle uniforms) {
+            return accept_onehot_impl(t, tok, [&](std::size_t) { return uniforms; });
+        },
+        py::arg("target_probs"), py::arg("draft_tokens"), py::arg("uniforms"));
     m.def("warp", &py_warp, py::arg("logits"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"),
           py::arg("min_p"));
     m.def("kernels", [] {

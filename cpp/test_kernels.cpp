@@ -59,6 +59,10 @@ int main() {
                 Result b = accept(kern, t.data(), d.data(), k, v, tok, u, s1.data());
                 check(a.status == b.status && a.n_accepted == b.n_accepted && a.token == b.token,
                       "accept", kern.name, v);
+                a = accept_onehot(ref, t.data(), k, v, tok, u, s0.data());
+                b = accept_onehot(kern, t.data(), k, v, tok, u, s1.data());
+                check(a.status == b.status && a.n_accepted == b.n_accepted && a.token == b.token,
+                      "accept_onehot", kern.name, v);
             }
             // A NaN, +inf and a negative deep in the row are caught by every path.
             std::vector<float> bad(t.begin(), t.begin() + v);

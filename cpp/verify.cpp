@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <limits>
 
 namespace specgguf {
@@ -166,6 +167,42 @@ Result accept(const Kernels& kern, const float* target, const float* draft_probs
     std::size_t tok = sample(scratch, nc, v, P, u[k],
                              [&](std::size_t j) { return (double)p[j]; });
     return {kOk, (std::int64_t)k, (std::int64_t)tok, -1};
+}
+
+Result accept_onehot(const Kernels& kern, const float* target, std::size_t k, std::size_t v,
+                     const std::int64_t* draft, const double* u, double* scratch) {
+    const std::size_t nc = n_chunks(v);
+    for (std::size_t i = 0; i <= k; ++i) {
+        const float* p = target + i * v;
+        float mn = kern.chunk_sums(p, v, scratch);
+        double P = total(scratch, nc);
+        if (!std::isfinite(P) || mn < 0.0f) return {kBadTarget, 0, 0, (std::int64_t)i};
+        if (P == 0.0) return {kZeroTarget, 0, 0, (std::int64_t)i};
+        if (i == k)  // all accepted: the bonus from p_K
+            return {kOk, (std::int64_t)k,
+                    (std::int64_t)sample(scratch, nc, v, P, u[k], [&](std::size_t j) { return (double)p[j]; }),
+                    -1};
+        const std::size_t t = (std::size_t)draft[i];
+        // accept()'s test with q(t) = Q = 1.
+        if (u[i] * 1.0 * P < (double)p[t] * 1.0) continue;
+        // Residual max(0, p*1 - onehot*P) is p with t zeroed: only t's chunk
+        // changes; re-sum it in the canonical order.
+        auto mass = [&](std::size_t j) { return j == t ? 0.0 : (double)p[j]; };
+        const std::size_t c = t / kChunk, start = c * kChunk, end = std::min(start + kChunk, v);
+        double lanes[kLanes] = {0};
+        for (std::size_t j = start; j < end; ++j) lanes[j % kLanes] += mass(j);
+        scratch[c] = fold_lanes(lanes);
+        double R = total(scratch, nc);
+        std::size_t tok;
+        if (R > P * 1e-15) {
+            tok = sample(scratch, nc, v, R, u[k], mass);
+        } else {  // all of p's mass is on t (up to rounding): use p
+            kern.chunk_sums(p, v, scratch);
+            tok = sample(scratch, nc, v, P, u[k], [&](std::size_t j) { return (double)p[j]; });
+        }
+        return {kOk, (std::int64_t)i, (std::int64_t)tok, -1};
+    }
+    return {kOk, 0, 0, -1};  // unreachable
 }
 
 }  // namespace specgguf

@@ -79,4 +79,11 @@ Result accept(const Kernels& kern, const float* target, const float* draft_probs
               std::size_t k, std::size_t v, const std::int64_t* draft,
               const double* u, double* scratch);
 
+// Speculative sampling against a point-mass draft (n-gram / prompt-lookup
+// proposals): q_i = one-hot(draft[i]), so no draft rows exist. Accept t_i
+// iff u[i] * P_i < p_i(t_i); on rejection sample from p_i without t_i.
+// Returns exactly what accept() returns with explicit one-hot draft rows.
+Result accept_onehot(const Kernels& kern, const float* target, std::size_t k, std::size_t v,
+                     const std::int64_t* draft, const double* u, double* scratch);
+
 }  // namespace specgguf

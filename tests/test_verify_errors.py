@@ -94,3 +94,16 @@ def test_bad_generator_and_no_draws_lost():
 def test_set_kernel_rejects_unknown():
     with pytest.raises(ValueError, match="not available"):
         specgguf.set_kernel("sse9")
+
+
+@pytest.mark.parametrize("args,exc,msg", [
+    ((T, [1, 10], U), ValueError, r"draft_tokens\[1\] = 10 is out of range"),
+    ((T[:2], TOK, U), ValueError, r"target_probs has shape \(2, 10\); expected \(K\+1, V\)"),
+    ((bad(T, 0, 3, -1.0), TOK, U), ValueError, "target_probs row 0 contains NaN, Inf or a negative"),
+    ((np.zeros_like(T), TOK, U), ValueError, "target_probs row 0 has zero total mass"),
+    ((T, [1.5, 2], U), TypeError, "draft_tokens must be integer"),
+    ((T, TOK, [0.5]), ValueError, r"uniforms must have shape"),
+])
+def test_accept_onehot_errors(kernel, args, exc, msg):
+    with pytest.raises(exc, match=msg):
+        specgguf.accept_onehot_uniforms(*args)

@@ -154,3 +154,25 @@ def test_torch_tensors():
     t = torch.tensor([[0.1, 0.9], [0.8, 0.2]])
     assert specgguf.verify_greedy(t, torch.tensor([1])) == (1, 0)
     assert specgguf.accept_uniforms(t, torch.tensor([[0.5, 0.5]]), torch.tensor([1]), [0.0, 0.5]) == (1, 0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(rounds())
+def test_accept_onehot_equals_accept_with_onehot_rows(case):
+    """The point-mass path needs no draft rows but must decide exactly as accept()."""
+    target, _, tokens, u = case
+    k, v = len(tokens), target.shape[1]
+    onehot = np.zeros((k, v), np.float32)
+    onehot[np.arange(k), tokens] = 1.0
+    got = specgguf.accept_onehot_uniforms(target, tokens, u)
+    assert got == specgguf.accept_uniforms(target, onehot, tokens, u)
+    n, tok, margin = reference.accept_uniforms(target, onehot, tokens, u)
+    if margin > TIE:
+        assert got == (n, tok)
+    before = specgguf.get_kernel()
+    try:
+        for name in specgguf.kernels():
+            specgguf.set_kernel(name)
+            assert specgguf.accept_onehot_uniforms(target, tokens, u) == got
+    finally:
+        specgguf.set_kernel(before)

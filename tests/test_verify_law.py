@@ -152,3 +152,21 @@ def test_markov_chain_through_decoder():
     draft_law = np.array([np.prod([D[a, b] for a, b in zip(s, s[1:])]) for s in
                           ([0] + [int(b) for b in format(c, f"0{length}b")] for c in range(2**length))])
     assert chi2_pvalue(counts, draft_law) < ALPHA
+
+
+def test_onehot_draft_law():
+    """A point-mass draft proposing token 1 every position: acceptance a = p(1)
+    per position, and the first emitted token follows p."""
+    rng = np.random.default_rng(3)
+    v, k, n_rounds = 8, 3, 20000
+    p = normalize(rng.exponential(size=v))
+    target = np.tile(p.astype(np.float32), (k + 1, 1))
+    toks = np.ones(k, np.int64)
+    lengths = np.empty(n_rounds, np.int64)
+    first = np.empty(n_rounds, np.int64)
+    for r in range(n_rounds):
+        n, tok = specgguf.accept_onehot(target, toks, rng)
+        lengths[r], first[r] = n, (1 if n > 0 else tok)
+    assert chi2_pvalue(np.bincount(lengths, minlength=k + 1), length_law(p[1], k)) > ALPHA
+    assert chi2_pvalue(np.bincount(first, minlength=v), p) > ALPHA
+    assert chi2_pvalue(np.bincount(first, minlength=v), np.eye(v)[1]) < ALPHA  # power

@@ -5,7 +5,8 @@ Low level: :func:`verify_greedy`, :func:`accept` (the verification ops) and
 """
 
 from .decoder import DecoderStats, SpeculativeDecoder
-from .verify import accept, accept_uniforms, get_kernel, kernels, set_kernel, verify_greedy
+from .verify import (accept, accept_onehot, accept_onehot_uniforms, accept_uniforms, get_kernel, kernels,
+                     set_kernel, verify_greedy)
 
 __all__ = [
     "GenerationResult",
@@ -14,6 +15,8 @@ __all__ = [
     "DecoderStats",
     "SpeculativeDecoder",
     "accept",
+    "accept_onehot",
+    "accept_onehot_uniforms",
     "accept_uniforms",
     "get_kernel",
     "kernels",

@@ -135,6 +135,34 @@ def accept_uniforms(
     return _core.accept_uniforms(target_probs, draft_probs, draft_tokens, uniforms)
 
 
+def accept_onehot(target_probs: Any, draft_tokens: Sequence[int],
+                  generator: GeneratorLike = None) -> Tuple[int, int]:
+    """:func:`accept` for a point-mass draft (n-gram / prompt-lookup proposals).
+
+    The draft proposed each token with certainty (``q_i = one-hot(t_i)``), so
+    no ``[K, V]`` draft array is needed: ``t_i`` is accepted with probability
+    ``p_i(t_i)`` (accept iff ``u[i] * P_i < p_i(t_i)``), and on rejection the
+    next token is sampled from ``p_i`` with ``t_i`` removed. Draws exactly
+    ``generator.random(K + 1)`` and returns exactly what :func:`accept`
+    returns with explicit one-hot draft rows and the same uniforms.
+
+    Args:
+        target_probs: ``[K+1, V]`` float32 non-negative masses.
+        draft_tokens: ``[K]`` integer token ids in ``[0, V)``.
+        generator: ``numpy.random.Generator``, an int seed, or None.
+
+    Returns:
+        ``(n_accepted, next_token)``.
+    """
+    return _core.accept_onehot(target_probs, draft_tokens, as_generator(generator))
+
+
+def accept_onehot_uniforms(target_probs: Any, draft_tokens: Sequence[int],
+                           uniforms: Any) -> Tuple[int, int]:
+    """:func:`accept_onehot` with the K+1 uniforms given (``[K+1]`` float64 in [0, 1))."""
+    return _core.accept_onehot_uniforms(target_probs, draft_tokens, uniforms)
+
+
 def _empty_draft(target_probs: Any) -> np.ndarray:
     v = np.shape(target_probs)[-1] if np.ndim(target_probs) == 2 else 1
     return np.zeros((0, v), dtype=np.float32)
