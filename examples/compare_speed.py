@@ -16,10 +16,12 @@ target, draft = models.default_pair()
 llm = SpeculativeLlama(target, draft)
 msgs = [{"role": "user", "content": "Write a detailed essay about the history of the printing press."}]
 llm.generate(msgs, chat=True, max_tokens=16)  # warm-up: page in both models
-for k in (0, 2, 4):
+for k in (0, 2, 4, "auto"):
     r = llm.generate(msgs, chat=True, max_tokens=args.n, k=k, temperature=args.temp, seed=0)
     s = r.stats
     label = "target only" if k == 0 else f"speculative k={k}"
+    if k == "auto":
+        label += f" {s['k_hist']}"
     print(f"{label:16} {s['tokens_per_second']:6.1f} tok/s  acceptance {s['acceptance_rate']:.2f}  "
           f"mean accepted {s['mean_accepted']:.2f}  draft {s['draft_seconds']:.2f} s  "
           f"target {s['target_seconds']:.2f} s")

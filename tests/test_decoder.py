@@ -86,7 +86,7 @@ def test_callback_errors_are_clear():
     good_draft = make_draft(1.0)
     with pytest.raises(ValueError, match="more than the k"):
         specgguf.SpeculativeDecoder(lambda p, k: ([1] * (k + 1), None), target_step).generate([1], 5)
-    with pytest.raises(TypeError, match=r"\(tokens, probs\) tuple"):
+    with pytest.raises(TypeError, match=r"\(tokens, probs\) or \(tokens, probs, info\) tuple"):
         specgguf.SpeculativeDecoder(lambda p, k: [1] * k, target_step).generate([1], 5)
     with pytest.raises(TypeError, match="not a sequence of ints"):
         specgguf.SpeculativeDecoder(lambda p, k: (["a"] * k, None), target_step).generate([1], 5)

@@ -101,7 +101,7 @@ def test_emitted_token_follows_target_distribution(target, draft):
     round follows the target's warped p (chi-square), not the draft's q."""
     pair = LlamaPair(target, draft, temperature=1.5, top_k=20, top_p=1.0, min_p=0.0, seed=0)
     ids = SpeculativeLlama(target, draft).tokenize(msgs("Name a colour."), chat=True)
-    toks, q = pair.draft_step(ids, 1)
+    toks, q, _ = pair.draft_step(ids, 1)
     p = pair.target_step(ids, toks)
     pair.reset()
     rng = np.random.default_rng(0)
@@ -223,3 +223,53 @@ def test_cli_runs_default_pair():
     import json
     out = json.loads(r.stdout)
     assert len(out["tokens"]) <= 8 and out["stats"]["rounds"] >= 1
+
+
+def test_auto_k_seeded_run_reproduces(spec):
+    m = msgs(PROMPTS[0])
+    a = spec.generate(m, chat=True, max_tokens=40, temperature=0.8, seed=9, k="auto", p_min="auto")
+    b = spec.generate(m, chat=True, max_tokens=40, temperature=0.8, seed=9, k="auto", p_min="auto")
+    assert a.tokens == b.tokens
+    assert a.stats["k_hist"] == b.stats["k_hist"]  # the same choices, so the same draws
+
+
+def test_auto_k_greedy_is_still_exact(spec, target):
+    ids = spec.tokenize(msgs(PROMPTS[1]), chat=True)
+    res = spec.generate(ids, max_tokens=48, k="auto")
+    assert res.tokens == plain_greedy(target, ids, len(res.tokens))
+
+
+def test_draft_confidence_cutoff(target, draft):
+    pair = LlamaPair(target, draft)
+    ids = SpeculativeLlama(target, draft).tokenize(msgs(PROMPTS[0]), chat=True)
+    toks, _, info = pair.draft_step(ids, 4, p_min=1.0)  # nothing is that certain
+    assert toks == [] and info["stop"] == "cutoff"
+    toks, _, info = pair.draft_step(ids, 4, p_min=0.0)
+    assert len(toks) == 4 and info["stop"] == "max"
+    assert all(0.0 < c <= 1.0 for c in info["confidence"])
+    pair.reset()
+
+
+COPY_PROMPT = ("Repeat the following text exactly, word for word: The quick brown fox jumps over the "
+               "lazy dog. Speculative decoding lets a small draft model propose several tokens that a "
+               "large target model verifies in a single batched forward pass.")
+
+
+def test_ngram_draft_end_to_end(target):
+    s = SpeculativeLlama(target, "ngram")
+    ids = s.tokenize(msgs(COPY_PROMPT), chat=True)
+    res = s.generate(ids, max_tokens=40, k=4)
+    assert res.stats["drafted"] > 0 and res.stats["accepted"] > 0
+    assert res.tokens == plain_greedy(target, ids, len(res.tokens))
+    sampled = s.generate(ids, max_tokens=40, k=4, temperature=0.8, seed=3)
+    assert sampled.tokens == s.generate(ids, max_tokens=40, k=4, temperature=0.8, seed=3).tokens
+
+
+def test_cli_ngram_and_auto():
+    r = subprocess.run([sys.executable, "-m", "specgguf", "--draft", "ngram", "--chat", "-p", COPY_PROMPT,
+                        "-n", "24", "--stats"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "K chosen per round" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "specgguf", "-k", "2", "--p-min", "auto", "-p", "hi"],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "with -k auto" in r.stderr

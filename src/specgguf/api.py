@@ -9,7 +9,9 @@ they fall, EOS never printed).
 from __future__ import annotations
 
 import codecs
+import json
 import os
+import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +21,9 @@ import llama_cpp
 
 from .decoder import SpeculativeDecoder
 from .llama_adapter import LlamaPair
-from .models import resolve_model
+from .models import cache_dir, resolve_model
+from .ngram import FallbackDraft, NgramDraft
+from .policy import CostModel, DraftPolicy
 
 ModelLike = Union[str, os.PathLike, "llama_cpp.Llama"]
 
@@ -43,30 +47,71 @@ def load_llama(model: ModelLike, n_ctx: int = 2048, n_threads: Optional[int] = N
     with open(path, "rb") as f:
         if f.read(4) != b"GGUF":
             raise ValueError(f"{path} is not a GGUF file")
-    return llama_cpp.Llama(str(path), n_ctx=n_ctx, n_threads=n_threads, verbose=verbose,
-                           logits_all=False)
+    # llama-cpp-python defaults to half the cores; decoding on a board wants them all.
+    threads = n_threads or os.cpu_count() or 1
+    return llama_cpp.Llama(str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                           verbose=verbose, logits_all=False)
 
 
 class SpeculativeLlama:
     """A loaded target/draft pair for generating many times without reloading.
 
     Args:
-        target, draft: paths, models.lock names, or loaded ``llama_cpp.Llama``.
+        target: path, models.lock name, or loaded ``llama_cpp.Llama``.
+        draft: the same, or ``"ngram"`` for model-free prompt-lookup drafting.
+        ngram: with a draft model, try an n-gram lookup first each round and
+            fall back to the model when it finds nothing.
         n_ctx: context window for models loaded here.
-        n_threads: threads for models loaded here (None: llama.cpp's default).
+        n_threads: threads for models loaded here (None: every core).
         verbose: let llama.cpp print its logs.
     """
 
-    def __init__(self, target: ModelLike, draft: ModelLike, *, n_ctx: int = 2048,
+    K_MAX = 8  # the largest draft length k="auto" considers
+
+    def __init__(self, target: ModelLike, draft: ModelLike, *, ngram: bool = False, n_ctx: int = 2048,
                  n_threads: Optional[int] = None, verbose: bool = False) -> None:
         self.target = load_llama(target, n_ctx, n_threads, verbose)
-        self.draft = load_llama(draft, n_ctx, n_threads, verbose)
-        self.names = (_name(target), _name(draft))
+        model_free = isinstance(draft, str) and draft == "ngram"
+        self.draft = None if model_free else load_llama(draft, n_ctx, n_threads, verbose)
+        self.names = (_name(target), "ngram" if model_free else _name(draft))
         self.pair = LlamaPair(self.target, self.draft, target_name=self.names[0],
                               draft_name=self.names[1])  # checks the vocabularies now
+        if model_free:
+            self.draft_step = NgramDraft().draft_step
+        elif ngram:
+            self.draft_step = FallbackDraft(NgramDraft(n_min=3).draft_step, self.pair.draft_step).draft_step
+        else:
+            self.draft_step = self.pair.draft_step
+        self.n_threads = n_threads
+        self._costs: Optional[CostModel] = None
         vocab = llama_cpp.llama_model_get_vocab(self.target.model)
         self.eog = {t for t in range(llama_cpp.llama_vocab_n_tokens(vocab))
                     if llama_cpp.llama_vocab_is_eog(vocab, t)}
+
+    def costs(self) -> CostModel:
+        """This machine's forward costs for the pair: measured once, then kept in
+        ``<cache>/calibration.json`` so later runs (seeded ones above all) use
+        the same fixed values."""
+        if self._costs is None:
+            key = "|".join(str(x) for x in (
+                *(_file_id(m) for m in (self.target, self.draft)), self.names[1],
+                self.target.context_params.n_threads, platform.machine(), llama_cpp.__version__, self.K_MAX))
+            path = cache_dir() / "calibration.json"
+            try:
+                table = json.loads(path.read_text())
+            except (OSError, ValueError):
+                table = {}
+            if key not in table:
+                costs = self.pair.calibrate(self.K_MAX)
+                if self.draft is None:
+                    costs.draft = 1e-5 * costs.target[0]  # a dictionary lookup
+                table[key] = costs.to_dict()
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_suffix(".tmp")
+                tmp.write_text(json.dumps(table, indent=1))
+                tmp.replace(path)
+            self._costs = CostModel.from_dict(table[key])
+        return CostModel.from_dict(self._costs.to_dict())  # a copy: policies refine their own
 
     def tokenize(self, prompt: Union[str, Sequence[int]], chat: bool = False) -> List[int]:
         """Prompt ids: a string through the target's tokenizer, chat messages
@@ -95,15 +140,16 @@ class SpeculativeLlama:
 
     def generate(self, prompt: Union[str, Sequence[int], List[dict]], *, max_tokens: int = 256,
                  temperature: float = 0.0, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
-                 k: int = 4, seed: Optional[int] = None, stop: Union[str, Sequence[str], None] = None,
+                 k: Union[int, str] = "auto", p_min: Union[None, float, str] = None,
+                 seed: Optional[int] = None, stop: Union[str, Sequence[str], None] = None,
                  stream: bool = False, chat: bool = False) -> Union[GenerationResult, Iterator[str]]:
         """Generate after ``prompt``; see :func:`specgguf.generate` for the arguments."""
-        run = self._run(prompt, max_tokens, temperature, top_k, top_p, min_p, k, seed, stop, chat)
+        run = self._run(prompt, max_tokens, temperature, top_k, top_p, min_p, k, seed, stop, chat, p_min)
         if stream:
             return (piece for piece in run if isinstance(piece, str))
         return [piece for piece in run if isinstance(piece, GenerationResult)][0]
 
-    def _run(self, prompt, max_tokens, temperature, top_k, top_p, min_p, k, seed, stop, chat):
+    def _run(self, prompt, max_tokens, temperature, top_k, top_p, min_p, k, seed, stop, chat, p_min=None):
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
         if max_tokens < 0:
@@ -112,6 +158,7 @@ class SpeculativeLlama:
         ids = self.tokenize(prompt, chat)
         if not ids:
             raise ValueError("the prompt is empty")
+        costs = self.costs() if k == "auto" else None  # a first-time calibration runs here
         pair = self.pair
         pair.reset()  # the Llama objects may have been used on their own since the last run
         pair.configure(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
@@ -120,8 +167,13 @@ class SpeculativeLlama:
         if room <= 0:
             raise ValueError(f"the prompt has {len(ids)} tokens; the context window is {pair.n_ctx}")
         budget = min(max_tokens, room)
-        dec = SpeculativeDecoder(pair.draft_step, pair.target_step, k=k, greedy=pair.greedy,
-                                 generator=seed)
+        if k == "auto":
+            # Seeded sampling must not depend on the clock: fixed calibrated
+            # costs then; otherwise the policy refines them from live timings.
+            k = DraftPolicy(self.K_MAX, costs, online_costs=pair.greedy or seed is None,
+                            p_min=p_min)
+        dec = SpeculativeDecoder(self.draft_step, pair.target_step, k=k, greedy=pair.greedy,
+                                 generator=seed, p_min=p_min)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         text, emitted_len, tokens = "", 0, []
         finish = "length"
@@ -150,17 +202,24 @@ class SpeculativeLlama:
             yield text[emitted_len:]
         seconds = time.perf_counter() - t0
         stats = dec.stats.as_dict()
+        forwards = sum(m.seconds for m in pair.models)
         stats.update(
             tokens_per_second=len(tokens) / seconds if seconds else 0.0,
             seconds=seconds,
-            draft_seconds=pair.draft.seconds,
-            target_seconds=pair.target.seconds,
+            forward_seconds=forwards,  # inside llama_decode, both models
             warp_seconds=pair.warp_seconds,
-            other_seconds=seconds - pair.draft.seconds - pair.target.seconds - pair.warp_seconds,
+            overhead_seconds=seconds - forwards,  # everything outside the forwards
             prompt_tokens=len(ids),
         )
         stats["finish_reason"] = finish
         yield GenerationResult(text=text, tokens=tokens, finish_reason=finish, stats=stats)
+
+
+def _file_id(llm: Optional["llama_cpp.Llama"]) -> str:
+    if llm is None:
+        return "-"
+    path = Path(llm.model_path)
+    return f"{path.name}:{path.stat().st_size}"
 
 
 def _name(model: ModelLike) -> str:
@@ -171,30 +230,38 @@ def _name(model: ModelLike) -> str:
 
 def generate(prompt: Union[str, Sequence[int], List[dict]], *, target: ModelLike, draft: ModelLike,
              max_tokens: int = 256, temperature: float = 0.0, top_k: int = 40, top_p: float = 0.95,
-             min_p: float = 0.05, k: int = 4, seed: Optional[int] = None,
-             stop: Union[str, Sequence[str], None] = None, stream: bool = False,
-             chat: bool = False) -> Union[GenerationResult, Iterator[str]]:
+             min_p: float = 0.05, k: Union[int, str] = "auto", p_min: Union[None, float, str] = None,
+             seed: Optional[int] = None, stop: Union[str, Sequence[str], None] = None,
+             stream: bool = False, chat: bool = False, ngram: bool = False
+             ) -> Union[GenerationResult, Iterator[str]]:
     """Speculative generation with two GGUF models, exactly the target's output law.
 
     Args:
         prompt: text (tokenized by the target's tokenizer, BOS added as it
             specifies), a list of token ids, or with ``chat=True`` a list of
             ``{"role", "content"}`` messages rendered by the GGUF's chat template.
-        target, draft: paths, models.lock names or loaded ``llama_cpp.Llama``.
+        target, draft: paths, models.lock names or loaded ``llama_cpp.Llama``;
+            ``draft="ngram"`` drafts by prompt lookup, with no draft model.
         max_tokens: at most this many new tokens (fewer if the context fills:
             finish_reason ``"length"``).
         temperature: 0 = greedy (token-for-token the target's greedy output);
             > 0 = exact speculative sampling after identical warping.
         top_k, top_p, min_p: warping (defaults as llama-cpp-python's).
-        k: draft tokens per round.
+        k: draft tokens per round, or ``"auto"``: chosen each round to
+            maximize expected tokens per second from live acceptance and this
+            machine's measured forward costs (0, plain target decoding, when
+            the draft cannot pay).
+        p_min: stop drafting a round when the draft's confidence in its next
+            token is below this (None: off; ``"auto"``: learned).
         seed: int for reproducible sampling (None: fresh entropy).
         stop: string(s) that end the text (not included).
         stream: return an iterator of text pieces instead.
+        ngram: try a prompt lookup before the draft model each round.
 
     Returns:
         :class:`GenerationResult` (``.text``, ``.tokens``, ``.finish_reason``,
         ``.stats``), or an iterator of ``str`` when ``stream=True``.
     """
-    return SpeculativeLlama(target, draft).generate(
+    return SpeculativeLlama(target, draft, ngram=ngram).generate(
         prompt, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-        min_p=min_p, k=k, seed=seed, stop=stop, stream=stream, chat=chat)
+        min_p=min_p, k=k, p_min=p_min, seed=seed, stop=stop, stream=stream, chat=chat)

@@ -36,12 +36,23 @@ def _unit(s: str) -> float:
     return v
 
 
+def _k_arg(s: str):
+    return "auto" if s == "auto" else _positive(int, 0)(s)
+
+
+def _p_min_arg(s: str):
+    return "auto" if s == "auto" else _unit(s)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m specgguf", description=DESCRIPTION,
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="Models: python -m specgguf models list | fetch NAME | verify")
     ap.add_argument("--target", help="target GGUF: a path or a models.lock name (default: the default pair)")
-    ap.add_argument("--draft", help="draft GGUF: a path or a models.lock name (default: the default pair)")
+    ap.add_argument("--draft", help="draft GGUF: a path or a models.lock name (default: the default "
+                    "pair), or 'ngram' for model-free prompt-lookup drafting")
+    ap.add_argument("--ngram", action="store_true", help="with a draft model: try a prompt lookup first "
+                    "each round, fall back to the model")
     ap.add_argument("-p", "--prompt", help="prompt text (else --prompt-file, else stdin)")
     ap.add_argument("--prompt-file", help="read the prompt from this file")
     ap.add_argument("--chat", action="store_true", help="treat the prompt as one user message and "
@@ -52,11 +63,16 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--top-k", type=_positive(int, 0), default=40, help="top-k, 0 = off (40)")
     ap.add_argument("--top-p", type=_unit, default=0.95, help="top-p (0.95)")
     ap.add_argument("--min-p", type=_unit, default=0.05, help="min-p (0.05)")
-    ap.add_argument("-k", "--draft-max", type=_positive(int, 0), default=4,
-                    help="draft tokens per round; 0 = plain target decoding (4)")
+    ap.add_argument("-k", "--draft-max", type=_k_arg, default="auto",
+                    help="draft tokens per round, 0 = plain target decoding, or 'auto': chosen each "
+                    "round from live acceptance and measured costs, backing off to 0 when drafting "
+                    "does not pay (auto)")
+    ap.add_argument("--p-min", type=_p_min_arg, default=None,
+                    help="stop drafting when the draft's confidence in its next token is below this "
+                    "(a number in [0, 1], or 'auto' to learn it; default: off)")
     ap.add_argument("--seed", type=int, help="seed for reproducible sampling")
     ap.add_argument("--ctx", type=_positive(int, 16), default=2048, help="context window (2048)")
-    ap.add_argument("--threads", type=_positive(int, 1), help="threads (llama.cpp's default)")
+    ap.add_argument("--threads", type=_positive(int, 1), help="threads (default: every core)")
     ap.add_argument("--stats", action="store_true", help="print acceptance and timing to stderr")
     ap.add_argument("--json", action="store_true", help="print one JSON object (text, tokens, stats) "
                     "to stdout instead of streaming")
@@ -126,9 +142,14 @@ def run(args: argparse.Namespace) -> int:
         target, draft = target or dt, draft or dd
     if not args.verbose:
         os.environ.setdefault("LLAMA_LOG_LEVEL", "error")
-    llm = SpeculativeLlama(target, draft, n_ctx=args.ctx, n_threads=args.threads, verbose=args.verbose)
+    if args.ngram and draft == "ngram":
+        raise ValueError("--ngram adds a prompt lookup in front of a draft model; --draft ngram already is one")
+    if args.p_min == "auto" and args.draft_max != "auto":
+        raise ValueError("--p-min auto is learned by the automatic draft length: use it with -k auto")
+    llm = SpeculativeLlama(target, draft, ngram=args.ngram, n_ctx=args.ctx, n_threads=args.threads,
+                           verbose=args.verbose)
     kw = dict(max_tokens=args.max_tokens, temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
-              min_p=args.min_p, k=args.draft_max, seed=args.seed, chat=args.chat)
+              min_p=args.min_p, k=args.draft_max, p_min=args.p_min, seed=args.seed, chat=args.chat)
     if args.chat:
         prompt = [{"role": "user", "content": prompt}]
     if args.json or args.no_stream:
@@ -140,22 +161,24 @@ def run(args: argparse.Namespace) -> int:
             print(res.text)
         stats = res.stats
     else:
-        run_iter = llm._run(prompt, kw["max_tokens"], kw["temperature"], kw["top_k"], kw["top_p"],
-                            kw["min_p"], kw["k"], kw["seed"], None, kw["chat"])
         stats = {}
-        for piece in run_iter:
+        for piece in llm._run(prompt, kw["max_tokens"], kw["temperature"], kw["top_k"], kw["top_p"],
+                              kw["min_p"], kw["k"], kw["seed"], None, kw["chat"], kw["p_min"]):
             if isinstance(piece, str):
                 sys.stdout.write(piece)
                 sys.stdout.flush()
             else:
                 stats = piece.stats
         sys.stdout.write("\n")
+        sys.stdout.flush()
     if args.stats:
         s = stats
         print(f"specgguf: {s['emitted']} tokens in {s['seconds']:.2f} s ({s['tokens_per_second']:.1f} tok/s); "
               f"rounds {s['rounds']}, drafted {s['drafted']}, accepted {s['accepted']} "
-              f"({100 * s['acceptance_rate']:.1f}%), mean accepted {s['mean_accepted']:.2f}; "
-              f"per position {[round(x, 2) for x in s['position_acceptance']]}; time: draft "
-              f"{s['draft_seconds']:.2f} s, target {s['target_seconds']:.2f} s, warp "
-              f"{s['warp_seconds']:.2f} s, other {s['other_seconds']:.2f} s", file=sys.stderr)
+              f"({100 * s['acceptance_rate']:.1f}%), mean accepted {s['mean_accepted']:.2f}\n"
+              f"specgguf: acceptance per position {[round(x, 2) for x in s['position_acceptance']]}; "
+              f"K chosen per round {s['k_hist']}; drafting stopped by {s['stop_reasons']}\n"
+              f"specgguf: time: draft {s['draft_seconds']:.2f} s, target {s['target_seconds']:.2f} s, "
+              f"verify {s['verify_seconds'] * 1e3:.1f} ms, warp {s['warp_seconds'] * 1e3:.1f} ms, outside "
+              f"the forwards {100 * s['overhead_seconds'] / max(s['seconds'], 1e-9):.1f}%", file=sys.stderr)
     return 0

@@ -19,6 +19,7 @@ from typing import List, Optional, Sequence, Tuple
 import llama_cpp
 import numpy as np
 
+from .policy import CostModel
 from .sampling import warp
 
 MAX_VOCAB_DIFF = 128  # padding rows, as llama.cpp allows (e.g. Qwen2.5 0.5B vs 7B)
@@ -140,15 +141,18 @@ class LlamaPair:
         seed: seeds the draft's own token sampling.
     """
 
-    def __init__(self, target: "llama_cpp.Llama", draft: "llama_cpp.Llama", *, temperature: float = 0.0,
+    def __init__(self, target: "llama_cpp.Llama", draft: Optional["llama_cpp.Llama"], *, temperature: float = 0.0,
                  top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, seed: Optional[int] = None,
                  target_name: str = "target", draft_name: str = "draft") -> None:
         t_vocab = int(llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(target.model)))
-        d_vocab = int(llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(draft.model)))
-        v = max(t_vocab, d_vocab)
+        v = t_vocab
+        if draft is not None:
+            d_vocab = int(llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(draft.model)))
+            v = max(t_vocab, d_vocab)
         self.target = LlamaModel(target, v)
-        self.draft = LlamaModel(draft, v)
-        check_vocab(self.target, self.draft, target_name, draft_name)
+        self.draft = LlamaModel(draft, v) if draft is not None else None
+        if self.draft is not None:
+            check_vocab(self.target, self.draft, target_name, draft_name)
         self.n_vocab = v
         self.configure(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
 
@@ -159,7 +163,8 @@ class LlamaPair:
         self.warp_args = dict(top_k=int(top_k), top_p=float(top_p), min_p=float(min_p))
         self.rng = np.random.default_rng(seed)
         self.warp_seconds = 0.0
-        self.target.seconds = self.draft.seconds = 0.0
+        for m in self.models:
+            m.seconds = 0.0
 
     @property
     def greedy(self) -> bool:
@@ -167,12 +172,16 @@ class LlamaPair:
 
     @property
     def n_ctx(self) -> int:
-        return min(self.target.n_ctx, self.draft.n_ctx)
+        return min(m.n_ctx for m in self.models)
+
+    @property
+    def models(self) -> List[LlamaModel]:
+        return [self.target] + ([self.draft] if self.draft is not None else [])
 
     def reset(self) -> None:
         """Empty both KV caches (start of a generation, or after an error)."""
-        self.target.reset()
-        self.draft.reset()
+        for m in self.models:
+            m.reset()
 
     def _warp(self, logits: np.ndarray) -> np.ndarray:
         t0 = time.perf_counter()
@@ -180,23 +189,67 @@ class LlamaPair:
         self.warp_seconds += time.perf_counter() - t0
         return p
 
-    def draft_step(self, prefix: List[int], k: int) -> Tuple[List[int], Optional[np.ndarray]]:
-        """Propose k tokens after ``prefix``: ``(tokens [k], probs [k, V] or None)``."""
+    def draft_step(self, prefix: List[int], k: int, p_min: Optional[float] = None
+                   ) -> Tuple[List[int], Optional[np.ndarray], dict]:
+        """Propose up to k tokens after ``prefix``.
+
+        Returns ``(tokens [n], probs [n, V] or None when greedy, info)``;
+        ``info["confidence"]`` is the draft's probability of each token over
+        its full distribution (warped; softmax of the logits when greedy),
+        and drafting stops early (``info["stop"] = "cutoff"``) before a token
+        whose confidence is below ``p_min``.
+        """
+        if self.draft is None:
+            raise ValueError("this pair has no draft model")
         seq = list(prefix)
         tokens: List[int] = []
-        probs = []
+        probs, conf = [], []
+        stop = "max"
         for i in range(k):
-            logits = self.draft.eval(seq, 1)
+            logits = self.draft.eval(seq, 1)[0]
             if self.greedy:
-                tok = int(np.argmax(logits[0]))
+                tok = int(np.argmax(logits))
+                c = float(1.0 / np.exp(logits - logits[tok]).sum())
             else:
-                q = self._warp(logits)[0]
-                c = np.cumsum(q, dtype=np.float64)
-                tok = int(min(np.searchsorted(c, self.rng.random() * c[-1], side="right"), len(q) - 1))
+                q = self._warp(logits[None, :])[0]
+                cum = np.cumsum(q, dtype=np.float64)
+                tok = int(min(np.searchsorted(cum, self.rng.random() * cum[-1], side="right"), len(q) - 1))
+                c = float(q[tok])
+            if p_min is not None and c < p_min:
+                stop = "cutoff"
+                break
+            if not self.greedy:
                 probs.append(q)
             tokens.append(tok)
+            conf.append(c)
             seq.append(tok)
-        return tokens, (None if self.greedy else np.stack(probs))
+        out_probs = None if self.greedy or not tokens else np.stack(probs)
+        return tokens, out_probs, {"confidence": conf, "stop": stop}
+
+    def calibrate(self, k_max: int, reps: int = 3) -> "CostModel":
+        """Time the forwards this machine runs per round: one draft token, and
+        target batches of 1..k_max+1 tokens (medians of ``reps``). About a
+        second for a small pair; cached by the caller."""
+        ctx = [int(llama_cpp.llama_vocab_bos(self.target.vocab))] + [100 + i for i in range(31)]
+        ctx = [t if 0 <= t < self.target.model_vocab else 0 for t in ctx]
+
+        def timed(model: LlamaModel, seq: List[int], n: int) -> float:
+            t0 = time.perf_counter()
+            model.eval(seq, n)
+            return time.perf_counter() - t0
+
+        target = []
+        self.reset()
+        self.target.eval(ctx, 1)
+        for b in range(1, k_max + 2):
+            # Each eval re-scores the last b tokens after cutting them back.
+            target.append(float(np.median([timed(self.target, ctx + [7] * (b - 1), b) for _ in range(reps)])))
+        draft = 0.0
+        if self.draft is not None:
+            self.draft.eval(ctx, 1)
+            draft = float(np.median([timed(self.draft, ctx + [7] * (i + 1), 1) for i in range(reps * 2)]))
+        self.reset()
+        return CostModel(draft=draft, target=target, seconds=True)
 
     def target_step(self, prefix: List[int], proposed: List[int]) -> np.ndarray:
         """Score ``proposed`` in one batch: ``[len(proposed)+1, V]`` float32

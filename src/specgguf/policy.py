@@ -1,0 +1,207 @@
+"""Choosing the draft length each round: speculate only when it pays.
+
+With per-position acceptance a_0, a_1, ... (a_i = P(draft token i accepted |
+tokens before it accepted)), a round that drafts K tokens emits on average
+
+    E(K) = 1 + a_0 + a_0 a_1 + ... + a_0 ... a_{K-1}
+
+tokens and costs ``K * draft + target(K + 1)`` (one draft forward per token,
+one target forward over K+1 tokens, whose cost is not linear in K). The
+policy picks the K in 0..k_max with the most expected tokens per unit of
+cost (Leviathan et al.'s speedup formula with measured terms); K = 0 is plain
+target decoding. Acceptance is estimated online from counts that decay with
+each verified position. While K = 0 is chosen, a probe round (K = 1) runs on
+a fixed round schedule (backing off while probes fail) so that a draft that
+becomes good again is noticed - but only if the costs leave the draft a chance
+(at 95% acceptance it would beat plain decoding by 5%): a probe is not free,
+since the draft must first catch up on the tokens it skipped.
+
+Reproducibility: with ``online_costs=False`` nothing here depends on the clock,
+so a seeded run makes the same choices (and draws the same randoms) every time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+
+@dataclass
+class CostModel:
+    """Forward costs, in any one unit (seconds or relative).
+
+    ``draft``: one draft token. ``target[b - 1]``: one target forward over b
+    tokens, for b = 1..len(target); longer batches extrapolate linearly.
+    ``seconds``: the unit is seconds (a calibration), not relative (defaults).
+    """
+
+    draft: float = 0.3
+    target: List[float] = field(default_factory=lambda: [1.0 + 0.15 * b for b in range(9)])
+    seconds: bool = False
+
+    def target_cost(self, b: int) -> float:
+        t = self.target
+        if b <= len(t):
+            return t[b - 1]
+        slope = (t[-1] - t[-2]) if len(t) > 1 else t[-1]
+        return t[-1] + slope * (b - len(t))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CostModel":
+        return cls(draft=float(d["draft"]), target=[float(x) for x in d["target"]],
+                   seconds=bool(d.get("seconds", True)))
+
+
+class DraftPolicy:
+    """Online choice of K (and of the draft confidence cutoff ``p_min``).
+
+    Args:
+        k_max: largest draft length considered.
+        costs: initial :class:`CostModel` (a calibration; defaults otherwise).
+        online_costs: refine costs from measured round timings (EMA). Leave
+            False for seeded sampling runs so they stay reproducible.
+        decay: per-round decay of the acceptance counts (memory ~ 1/(1-decay)).
+        probe_every: K = 0 rounds between probes; doubles after a probe that
+            does not pay, up to 32x.
+        p_min: None (no cutoff), a float, or "auto" (learned: stop drafting
+            when the draft's confidence predicts an acceptance below what one
+            more draft token costs).
+    """
+
+    PRIOR_WEIGHT = 2.0
+    BINS = 10
+    OPTIMISTIC_ACCEPTANCE = 0.95  # probes run only if the draft could pay at this rate...
+    PROBE_MARGIN = 1.05           # ...by this much
+
+    def __init__(self, k_max: int = 8, costs: Optional[CostModel] = None, *, online_costs: bool = False,
+                 decay: float = 0.95, probe_every: int = 16, p_min=None) -> None:
+        if k_max < 1:
+            raise ValueError(f"k_max must be >= 1, got {k_max}")
+        if p_min is not None and p_min != "auto" and not 0.0 <= float(p_min) <= 1.0:
+            raise ValueError(f"p_min must be None, 'auto' or in [0, 1], got {p_min!r}")
+        self.k_max = k_max
+        self.costs = costs or CostModel()
+        self.online_costs = online_costs
+        self.decay = decay
+        self.probe_base = probe_every
+        self.probe_every = probe_every
+        self.p_min_setting = p_min
+        self.acc = [0.0] * k_max
+        self.tried = [0.0] * k_max
+        self.total_acc = 0.0
+        self.total_tried = 0.0
+        self.bin_acc = [0.0] * self.BINS
+        self.bin_tried = [0.0] * self.BINS
+        self.zero_rounds = 0
+        self.probing = False
+        self._after_idle = True
+
+    # -- estimates -----------------------------------------------------------
+    def acceptance(self) -> List[float]:
+        """Estimated conditional acceptance per draft position (shrunk to the global rate)."""
+        g = (self.total_acc + 1.0) / (self.total_tried + 2.0)
+        w = self.PRIOR_WEIGHT
+        return [(a + w * g) / (t + w) for a, t in zip(self.acc, self.tried)]
+
+    def expected_tokens(self, k: int, acc: Optional[Sequence[float]] = None) -> float:
+        acc = self.acceptance() if acc is None else acc
+        e, run = 1.0, 1.0
+        for i in range(k):
+            run *= acc[i]
+            e += run
+        return e
+
+    def rate(self, k: int, acc: Optional[Sequence[float]] = None) -> float:
+        """Expected tokens per unit cost when drafting k."""
+        return self.expected_tokens(k, acc) / (k * self.costs.draft + self.costs.target_cost(k + 1))
+
+    def best_k(self, acc: Optional[Sequence[float]] = None) -> int:
+        acc = self.acceptance() if acc is None else acc
+        rates = [self.rate(k, acc) for k in range(self.k_max + 1)]
+        return max(range(self.k_max + 1), key=lambda k: (rates[k], -k))
+
+    def could_pay(self) -> bool:
+        """Whether some K beats plain decoding by PROBE_MARGIN at optimistic acceptance."""
+        acc = [self.OPTIMISTIC_ACCEPTANCE] * self.k_max
+        return max(self.rate(k, acc) for k in range(1, self.k_max + 1)) > self.PROBE_MARGIN * self.rate(0, acc)
+
+    # -- the per-round calls ---------------------------------------------------
+    def choose(self) -> int:
+        """K for the next round."""
+        k = self.best_k()
+        self.probing = False
+        if k == 0:
+            self.zero_rounds += 1
+            if self.zero_rounds >= self.probe_every and self.could_pay():
+                self.zero_rounds = 0
+                self.probing = True
+                k = 1
+        else:
+            self.zero_rounds = 0
+            self.probe_every = self.probe_base
+        return k
+
+    def p_min(self) -> Optional[float]:
+        """The confidence cutoff for the next round (None: no cutoff)."""
+        if self.p_min_setting != "auto":
+            return None if self.p_min_setting is None else float(self.p_min_setting)
+        # One more draft token costs `draft` plus the target's marginal batch
+        # cost; at the current best rate that cost is worth `need` tokens.
+        k = max(1, self.best_k())
+        marginal = self.costs.draft + self.costs.target_cost(k + 2) - self.costs.target_cost(k + 1)
+        need = marginal * self.rate(k)
+        for b in range(self.BINS):  # lowest confidence bin whose acceptance pays, and all above it
+            if all(self._bin_rate(j) >= need for j in range(b, self.BINS)):
+                return b / self.BINS
+        return 1.0
+
+    def _bin_rate(self, b: int) -> float:
+        prior = (b + 0.5) / self.BINS  # before data: confidence ~ acceptance
+        return (self.bin_acc[b] + self.PRIOR_WEIGHT * prior) / (self.bin_tried[b] + self.PRIOR_WEIGHT)
+
+    def update(self, drafted: int, accepted: int, confidences: Optional[Sequence[float]] = None,
+               draft_cost: Optional[float] = None, target_cost: Optional[float] = None) -> None:
+        """Record a round: ``drafted`` proposed, ``accepted`` kept; the draft's
+        confidence per proposed token; measured costs (used if online_costs)."""
+        verified = min(drafted, accepted + 1)  # positions the verifier decided on
+        if self.probing and drafted == 0:  # the draft had nothing (no n-gram match): probe again
+            self.zero_rounds = self.probe_every
+        if verified:  # decay per observation, so idle rounds do not erase what was learned
+            d = self.decay
+            self.acc = [a * d for a in self.acc]
+            self.tried = [t * d for t in self.tried]
+            self.total_acc *= d
+            self.total_tried *= d
+            self.bin_acc = [a * d for a in self.bin_acc]
+            self.bin_tried = [t * d for t in self.bin_tried]
+        for i in range(min(verified, self.k_max)):
+            self.tried[i] += 1.0
+            self.acc[i] += 1.0 if i < accepted else 0.0
+        self.total_tried += verified
+        self.total_acc += accepted
+        if confidences is not None:
+            for i in range(min(verified, len(confidences))):
+                b = min(self.BINS - 1, max(0, int(confidences[i] * self.BINS)))
+                self.bin_tried[b] += 1.0
+                self.bin_acc[b] += 1.0 if i < accepted else 0.0
+        if self.probing and drafted > 0 and self.best_k() == 0:
+            self.probe_every = min(self.probe_every * 2, self.probe_base * 32)
+        if self.online_costs and target_cost is not None and target_cost > 0:
+            if not self.costs.seconds:  # first measurement: rescale the relative defaults
+                scale = target_cost / self.costs.target_cost(drafted + 1)
+                self.costs = CostModel(self.costs.draft * scale, [t * scale for t in self.costs.target],
+                                       seconds=True)
+            ema = 0.1  # smooth: shared machines are noisy
+            # After K = 0 rounds the draft first catches up on skipped tokens:
+            # that round's draft time is not the cost of a drafted token.
+            if draft_cost is not None and drafted > 0 and not self._after_idle:
+                self.costs.draft += ema * (draft_cost / drafted - self.costs.draft)
+            b = drafted + 1
+            t = self.costs.target
+            while len(t) < b:
+                t.append(self.costs.target_cost(len(t) + 1))
+            t[b - 1] += ema * (target_cost - t[b - 1])
+        self._after_idle = drafted == 0

@@ -1,0 +1,102 @@
+"""The draft-length policy on synthetic costs and acceptance (no models, no clock)."""
+
+import numpy as np
+import pytest
+
+from specgguf.policy import CostModel, DraftPolicy
+
+# A memory-bound board: a batch of b target tokens costs little more than one.
+CHEAP_BATCH = CostModel(draft=0.1, target=[1.0 + 0.05 * b for b in range(9)])
+# This CI machine with the 135M pair: the draft costs half a target token and
+# batches are compute-bound (measured: T(5) ~ 2.3 T(1)).
+COMPUTE_BOUND = CostModel(draft=0.55, target=[1.0, 1.75, 2.0, 2.05, 2.35, 2.45, 2.7, 2.75, 2.9])
+
+
+def simulate(policy, acceptance, rounds, rng):
+    """Run rounds where each drafted position is accepted with `acceptance`;
+    returns the K chosen each round."""
+    ks = []
+    for _ in range(rounds):
+        k = policy.choose()
+        n = 0
+        while n < k and rng.random() < acceptance:
+            n += 1
+        policy.update(k, n)
+        ks.append(k)
+    return ks
+
+
+def best_k_formula(costs, a, k_max=8):
+    rate = lambda k: sum(a**i for i in range(k + 1)) / (k * costs.draft + costs.target_cost(k + 1))
+    return max(range(k_max + 1), key=rate)
+
+
+@pytest.mark.parametrize("a", [0.5, 0.7, 0.9, 0.97])
+def test_picks_the_k_the_formula_says(a):
+    policy = DraftPolicy(8, CostModel.from_dict(CHEAP_BATCH.to_dict()), decay=0.995)
+    ks = simulate(policy, a, 3000, np.random.default_rng(0))
+    want = best_k_formula(CHEAP_BATCH, a)
+    assert want > 0
+    # After learning, the usual choice is the formula's optimum (or a neighbour
+    # with a rate within 2%: the estimates are statistical).
+    chosen = max(set(ks[-500:]), key=ks[-500:].count)
+    rate = lambda k: sum(a**i for i in range(k + 1)) / (k * CHEAP_BATCH.draft + CHEAP_BATCH.target_cost(k + 1))
+    assert rate(chosen) >= 0.98 * rate(want)
+
+
+def test_picks_zero_when_the_draft_cannot_pay():
+    policy = DraftPolicy(8, CostModel.from_dict(COMPUTE_BOUND.to_dict()))
+    ks = simulate(policy, 0.5, 500, np.random.default_rng(1))
+    assert best_k_formula(COMPUTE_BOUND, 0.5) == 0
+    assert ks[-400:].count(0) == 400  # and no probes: even a 95% draft could not pay here
+    assert not policy.could_pay()
+
+
+def test_recovers_when_acceptance_rises():
+    policy = DraftPolicy(8, CostModel.from_dict(CHEAP_BATCH.to_dict()))
+    rng = np.random.default_rng(2)
+    bad = simulate(policy, 0.02, 300, rng)
+    assert bad[-100:].count(0) > 90  # backed off to plain decoding, probing rarely
+    good = simulate(policy, 0.95, 600, rng)
+    assert best_k_formula(CHEAP_BATCH, 0.95) >= 4
+    assert np.mean(good[-200:]) >= 4  # the probes noticed and K went back up
+
+
+def test_probes_back_off_while_they_fail():
+    policy = DraftPolicy(8, CostModel.from_dict(CHEAP_BATCH.to_dict()), probe_every=4)
+    ks = simulate(policy, 0.0, 400, np.random.default_rng(3))
+    probes = [i for i, k in enumerate(ks) if k > 0]
+    gaps = list(np.diff(probes[1:]))  # probes[0:2]: the first rounds, before anything was learned
+    assert gaps == [4, 8, 16, 32, 64, 128, 128]  # doubling after each failed probe, up to 32x
+
+
+def test_cost_model_extrapolates_and_round_trips():
+    c = CostModel(draft=0.2, target=[1.0, 1.5])
+    assert c.target_cost(4) == pytest.approx(2.5)
+    assert CostModel.from_dict(c.to_dict()) == c
+
+
+def test_online_costs_rescale_relative_defaults():
+    policy = DraftPolicy(4, online_costs=True)
+    policy.update(0, 0, draft_cost=0.0, target_cost=0.020)  # 20 ms for one target token
+    assert policy.costs.seconds and policy.costs.target_cost(1) == pytest.approx(0.020)
+    frozen = DraftPolicy(4, online_costs=False)
+    frozen.update(2, 1, draft_cost=5.0, target_cost=5.0)
+    assert frozen.costs == CostModel()  # seeded runs ignore the clock
+
+
+def test_p_min_auto_learns_a_cutoff():
+    policy = DraftPolicy(4, CostModel.from_dict(CHEAP_BATCH.to_dict()), p_min="auto")
+    rng = np.random.default_rng(4)
+    for _ in range(2000):
+        conf = rng.random(4)
+        # Tokens the draft is unsure of (confidence < 0.4) are always rejected.
+        n = 0
+        while n < 4 and conf[n] >= 0.4:
+            n += 1
+        policy.update(4, n, conf)
+    assert 0.3 <= policy.p_min() <= 0.5
+    assert DraftPolicy(4, p_min=0.25).p_min() == 0.25
+    assert DraftPolicy(4).p_min() is None
+    with pytest.raises(ValueError, match="p_min"):
+        DraftPolicy(4, p_min=2.0)
