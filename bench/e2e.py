@@ -2,12 +2,15 @@
 
 For each configuration, over the same prompts: tokens/s, the ratio to
 target-only decoding measured in this run, acceptance rate, mean accepted
-length, and where the time went (draft forwards, target forwards, warping,
-everything else: verification + Python). Also llama-cpp-python's own
-``Llama.generate`` greedy loop as a second baseline, and the peak RSS.
+length, where the time went (draft and target callbacks, the verification
+op, warping, and everything outside the two models' forwards), and the K
+chosen. Configurations: k="auto" and fixed K in {1, 2, 4, 8}, a good and a
+poor draft, greedy and temperature 0.8, and the n-gram draft on a copy-heavy
+prompt. Also llama-cpp-python's own ``Llama.generate`` greedy loop as a
+second baseline, and the peak RSS.
 Usage:
 
-    .venv/bin/python bench/e2e.py [--tokens 96] [--threads 2] [--pair default]
+    .venv/bin/python bench/e2e.py [--tokens 96] [--threads 2] [--quick]
 """
 
 from __future__ import annotations
@@ -47,57 +50,86 @@ def llama_generate_baseline(llm, prompts_ids, n):
 
 
 def run(spec, prompts_ids, n, **kw):
-    agg = dict(tokens=0, seconds=0.0, draft_seconds=0.0, target_seconds=0.0, warp_seconds=0.0,
-               other_seconds=0.0, drafted=0, accepted=0, rounds=0)
+    """Aggregate stats of one configuration over all prompts."""
+    agg = dict(tokens=0, seconds=0.0, draft_seconds=0.0, target_seconds=0.0, verify_seconds=0.0,
+               warp_seconds=0.0, overhead_seconds=0.0, drafted=0, accepted=0, rounds=0, k_hist={})
     for ids in prompts_ids:
         res = spec.generate(ids, max_tokens=n, **kw)
         s = res.stats
         agg["tokens"] += len(res.tokens)
-        for key in ("seconds", "draft_seconds", "target_seconds", "warp_seconds", "other_seconds",
-                    "drafted", "accepted", "rounds"):
+        for key in ("seconds", "draft_seconds", "target_seconds", "verify_seconds", "warp_seconds",
+                    "overhead_seconds", "drafted", "accepted", "rounds"):
             agg[key] += s[key]
+        for k, c in s["k_hist"].items():
+            agg["k_hist"][k] = agg["k_hist"].get(k, 0) + c
     return agg
+
+
+def row(name, r, base_tps):
+    tps = r["tokens"] / r["seconds"]
+    acc = r["accepted"] / r["drafted"] if r["drafted"] else 0.0
+    pct = lambda key: 100 * r[key] / r["seconds"]
+    top_k = sorted(r["k_hist"].items(), key=lambda kv: -kv[1])[:3]
+    print(f"{name:<28} {tps:>6.1f} {tps / base_tps:>5.2f}x {acc:>6.2f} {r['accepted'] / r['rounds']:>6.2f} "
+          f"{pct('draft_seconds'):>6.1f} {pct('target_seconds'):>7.1f} {pct('verify_seconds'):>7.2f} "
+          f"{pct('warp_seconds'):>5.1f} {pct('overhead_seconds'):>6.1f}  {top_k}", flush=True)
+
+
+HEADER = (f"{'configuration':<28} {'tok/s':>6} {'ratio':>6} {'accept':>6} {'m.acc':>6} {'draft%':>6} "
+          f"{'target%':>7} {'verify%':>7} {'warp%':>5} {'outside%':>6}  most chosen K (K: rounds)")
+
+COPY_PROMPT = ("Rewrite this Python function with the variable names `data` -> `values` and `total` -> "
+               "`acc`, keeping everything else identical:\n\n"
+               "def mean(data):\n    total = 0\n    for x in data:\n        total += x\n"
+               "    if len(data) == 0:\n        return 0.0\n    return total / len(data)\n\n"
+               "def variance(data):\n    m = mean(data)\n    total = 0\n    for x in data:\n"
+               "        total += (x - m) ** 2\n    return total / len(data)\n")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--pair", default="default", help="a pair name from models.lock")
+    ap.add_argument("--quick", action="store_true", help="one prompt, fewer configurations")
     args = ap.parse_args()
     _, pairs = models.load_lock()
-    tname, dname = pairs[args.pair]["target"], pairs[args.pair]["draft"]
-    _, poor = pairs["poor-draft"]["target"], pairs["poor-draft"]["draft"]
+    tname, good, poor = pairs["default"]["target"], pairs["default"]["draft"], pairs["poor-draft"]["draft"]
     load = lambda name: llama_cpp.Llama(str(models.fetch(name)), n_ctx=2048, n_threads=args.threads,
                                         n_threads_batch=args.threads, verbose=False)
-    target, draft, poor_draft = load(tname), load(dname), load(poor)
-    spec = {"good": SpeculativeLlama(target, draft), "poor": SpeculativeLlama(target, poor_draft)}
-    ids = [spec["good"].tokenize([{"role": "user", "content": p}], chat=True) for p in PROMPTS]
+    target = load(tname)
+    spec = {"good": SpeculativeLlama(target, load(good)), "poor": SpeculativeLlama(target, load(poor)),
+            "ngram": SpeculativeLlama(target, "ngram")}
+    prompts = PROMPTS[:1] if args.quick else PROMPTS
+    ids = [spec["good"].tokenize([{"role": "user", "content": p}], chat=True) for p in prompts]
     n = args.tokens
-    print(f"target {tname}, drafts: good = {dname}, poor = {poor}; {args.threads} threads; "
-          f"{len(ids)} prompts x {n} tokens")
-    base_llama = llama_generate_baseline(target, ids, n)
-    rows = []
+    for s in spec.values():
+        s.costs()  # calibrate (or load the stored calibration) before timing anything
+        s.generate(ids[0], max_tokens=8, k=0)  # page the models in
+    print(f"target {tname}; good draft {good}; poor draft {poor}; {args.threads} threads; "
+          f"{len(ids)} prompts x {n} tokens; ratios against target-only measured in this run")
+    print(f"llama-cpp-python Llama.generate greedy, target only: "
+          f"{llama_generate_baseline(target, ids, n):.1f} tok/s")
+    ks = ["auto", 2, 4] if args.quick else ["auto", 1, 2, 4, 8]
     for temp in (0.0, 0.8):
+        print(f"\n-- temperature {temp}" + (" (top-k 40, top-p 0.95, min-p 0.05)" if temp else " (greedy)"))
+        print(HEADER)
         base = run(spec["good"], ids, n, k=0, temperature=temp, seed=1)
         base_tps = base["tokens"] / base["seconds"]
-        rows.append((f"target only (k=0), temp {temp}", base, base_tps))
+        row("target only (k=0)", base, base_tps)
         for which in ("good", "poor"):
-            for k in (2, 4):
-                r = run(spec[which], ids, n, k=k, temperature=temp, seed=1)
-                rows.append((f"{which} draft k={k}, temp {temp}", r, base_tps))
-    print(f"llama-cpp-python Llama.generate greedy (target only): {base_llama:.1f} tok/s")
-    print(f"{'configuration':<30} {'tok/s':>6} {'ratio':>6} {'accept':>7} {'mean acc':>8} "
-          f"{'draft%':>6} {'target%':>7} {'warp%':>6} {'other%':>6}")
-    for name, r, base_tps in rows:
-        tps = r["tokens"] / r["seconds"]
-        acc = r["accepted"] / r["drafted"] if r["drafted"] else 0.0
-        pct = lambda key: 100 * r[key] / r["seconds"]
-        print(f"{name:<30} {tps:>6.1f} {tps / base_tps:>5.2f}x {acc:>7.2f} "
-              f"{r['accepted'] / r['rounds']:>8.2f} {pct('draft_seconds'):>6.1f} {pct('target_seconds'):>7.1f} "
-              f"{pct('warp_seconds'):>6.1f} {pct('other_seconds'):>6.1f}")
+            for k in ks:
+                row(f"{which} draft k={k}", run(spec[which], ids, n, k=k, temperature=temp, seed=1), base_tps)
+    print("\n-- copy-heavy prompt (rename variables in code), greedy")
+    print(HEADER)
+    copy_ids = [spec["good"].tokenize([{"role": "user", "content": COPY_PROMPT}], chat=True)]
+    base = run(spec["good"], copy_ids, n, k=0)
+    base_tps = base["tokens"] / base["seconds"]
+    row("target only (k=0)", base, base_tps)
+    for k in ["auto", 4]:
+        row(f"ngram k={k}", run(spec["ngram"], copy_ids, n, k=k), base_tps)
+    row("good draft k=auto", run(spec["good"], copy_ids, n, k="auto"), base_tps)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"peak RSS: {rss:.0f} MiB (three models loaded: F32 target 515 MiB + two drafts)")
+    print(f"\npeak RSS: {rss:.0f} MiB (target F32 515 MiB + Q4_1 94 MiB + Q2_K 84 MiB files, mmapped)")
 
 
 if __name__ == "__main__":

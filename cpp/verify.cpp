@@ -103,7 +103,7 @@ const Kernels& scalar_kernels() { return kScalar; }
 
 std::size_t available_kernels(const Kernels** out, std::size_t cap) {
     std::size_t n = 0;
-    const Kernels* all[] = {&kScalar, avx2_kernels(), neon_kernels()};
+    const Kernels* all[] = {&kScalar, avx2_kernels(), avx512_kernels(), neon_kernels()};
     for (const Kernels* k : all)
         if (k && n < cap) out[n++] = k;
     return n;

@@ -47,6 +47,7 @@ double fold_lanes(double* lanes);
 const Kernels& scalar_kernels();
 // nullptr where this build or this CPU cannot run the path.
 const Kernels* avx2_kernels();
+const Kernels* avx512_kernels();  // row sums in AVX-512; argmax from AVX2
 const Kernels* neon_kernels();
 
 // All paths this process can run, scalar first; best is last.

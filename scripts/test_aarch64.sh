@@ -9,7 +9,7 @@
 # dispatch must fall back to scalar without an illegal instruction.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SRC="cpp/verify.cpp cpp/verify_avx2.cpp cpp/verify_neon.cpp cpp/warp.cpp"
+SRC="cpp/verify.cpp cpp/verify_avx2.cpp cpp/verify_avx512.cpp cpp/verify_neon.cpp cpp/warp.cpp"
 WORK=${SPECGGUF_ARM_WORK:-/tmp/specgguf-aarch64}
 SUITE=bookworm
 MIRROR=$(sed -n 's/^URIs: *//p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -1)

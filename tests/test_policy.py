@@ -46,10 +46,27 @@ def test_picks_the_k_the_formula_says(a):
 
 def test_picks_zero_when_the_draft_cannot_pay():
     policy = DraftPolicy(8, CostModel.from_dict(COMPUTE_BOUND.to_dict()))
-    ks = simulate(policy, 0.5, 500, np.random.default_rng(1))
+    ks = simulate(policy, 0.5, 1000, np.random.default_rng(1))
     assert best_k_formula(COMPUTE_BOUND, 0.5) == 0
-    assert ks[-400:].count(0) == 400  # and no probes: even a 95% draft could not pay here
+    # Plain decoding, with a rare probe (a 99%-acceptance draft could pay here).
+    assert ks[-800:].count(0) >= 0.99 * 800
+    # A draft as slow as the target can never pay: no probe at all.
+    hopeless = CostModel(draft=1.0, target=[1.0 + 0.5 * b for b in range(9)])
+    policy = DraftPolicy(8, hopeless)
     assert not policy.could_pay()
+    ks = simulate(policy, 0.5, 500, np.random.default_rng(1))
+    assert ks[50:].count(0) == 450
+
+
+def test_evidence_of_a_poor_draft_stops_probes_until_it_ages():
+    policy = DraftPolicy(8, CostModel.from_dict(COMPUTE_BOUND.to_dict()))
+    assert policy.could_pay()  # no evidence yet: the draft might be excellent
+    for _ in range(30):
+        policy.update(3, 0 if np.random.default_rng(len(str(_))).random() < 0.6 else 1)
+    assert not policy.could_pay()  # seen: it is poor
+    for _ in range(400):
+        policy.choose()  # idle rounds thin the evidence
+    assert policy.idle_rounds > 0 and policy.optimistic_acceptance() > 0.9
 
 
 def test_recovers_when_acceptance_rises():

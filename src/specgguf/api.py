@@ -84,6 +84,7 @@ class SpeculativeLlama:
             self.draft_step = self.pair.draft_step
         self.n_threads = n_threads
         self._costs: Optional[CostModel] = None
+        self._policy: Optional[DraftPolicy] = None
         vocab = llama_cpp.llama_model_get_vocab(self.target.model)
         self.eog = {t for t in range(llama_cpp.llama_vocab_n_tokens(vocab))
                     if llama_cpp.llama_vocab_is_eog(vocab, t)}
@@ -168,10 +169,16 @@ class SpeculativeLlama:
             raise ValueError(f"the prompt has {len(ids)} tokens; the context window is {pair.n_ctx}")
         budget = min(max_tokens, room)
         if k == "auto":
-            # Seeded sampling must not depend on the clock: fixed calibrated
-            # costs then; otherwise the policy refines them from live timings.
-            k = DraftPolicy(self.K_MAX, costs, online_costs=pair.greedy or seed is None,
-                            p_min=p_min)
+            if seed is None or pair.greedy:
+                # What the policy learned carries over to the next call (a chat
+                # session learns once); it refines costs from live timings.
+                if self._policy is None or self._policy.p_min_setting != p_min:
+                    self._policy = DraftPolicy(self.K_MAX, costs, online_costs=True, p_min=p_min)
+                k = self._policy
+            else:
+                # A seeded sampling run must reproduce: a fresh policy on the
+                # stored calibration, blind to the clock, every call.
+                k = DraftPolicy(self.K_MAX, costs, online_costs=False, p_min=p_min)
         dec = SpeculativeDecoder(self.draft_step, pair.target_step, k=k, greedy=pair.greedy,
                                  generator=seed, p_min=p_min)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")

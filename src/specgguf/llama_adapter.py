@@ -226,11 +226,13 @@ class LlamaPair:
         out_probs = None if self.greedy or not tokens else np.stack(probs)
         return tokens, out_probs, {"confidence": conf, "stop": stop}
 
-    def calibrate(self, k_max: int, reps: int = 3) -> "CostModel":
+    def calibrate(self, k_max: int, reps: int = 5) -> "CostModel":
         """Time the forwards this machine runs per round: one draft token, and
         target batches of 1..k_max+1 tokens (medians of ``reps``). About a
         second for a small pair; cached by the caller."""
-        ctx = [int(llama_cpp.llama_vocab_bos(self.target.vocab))] + [100 + i for i in range(31)]
+        # A context of typical length (a chat prompt and some answer), since
+        # attention makes a forward's cost grow with it.
+        ctx = [int(llama_cpp.llama_vocab_bos(self.target.vocab))] + [100 + i % 500 for i in range(159)]
         ctx = [t if 0 <= t < self.target.model_vocab else 0 for t in ctx]
 
         def timed(model: LlamaModel, seq: List[int], n: int) -> float:

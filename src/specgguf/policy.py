@@ -10,11 +10,13 @@ one target forward over K+1 tokens, whose cost is not linear in K). The
 policy picks the K in 0..k_max with the most expected tokens per unit of
 cost (Leviathan et al.'s speedup formula with measured terms); K = 0 is plain
 target decoding. Acceptance is estimated online from counts that decay with
-each verified position. While K = 0 is chosen, a probe round (K = 1) runs on
+each verified position. While K = 0 is chosen, a probe round (K = 3) runs on
 a fixed round schedule (backing off while probes fail) so that a draft that
-becomes good again is noticed - but only if the costs leave the draft a chance
-(at 95% acceptance it would beat plain decoding by 5%): a probe is not free,
-since the draft must first catch up on the tokens it skipped.
+becomes good again is noticed - but only while the draft could still pay:
+at the calibrated costs and an optimistic acceptance (the upper end of what
+the counts allow, widening again as idle rounds pass) it must beat plain
+decoding by 5%. A probe is not free: the draft first catches up on every
+token it skipped, which is why a draft known to be poor is not probed often.
 
 Reproducibility: with ``online_costs=False`` nothing here depends on the clock,
 so a seeded run makes the same choices (and draws the same randoms) every time.
@@ -73,8 +75,9 @@ class DraftPolicy:
 
     PRIOR_WEIGHT = 2.0
     BINS = 10
-    OPTIMISTIC_ACCEPTANCE = 0.95  # probes run only if the draft could pay at this rate...
-    PROBE_MARGIN = 1.05           # ...by this much
+    PROBE_K = 3             # drafts per probe: the catch-up dominates its cost, so learn more
+    PROBE_MARGIN = 1.05     # probes run only if the draft could beat plain decoding by this
+    IDLE_FORGET = 0.99      # per idle round, on the evidence used to rule probes out
 
     def __init__(self, k_max: int = 8, costs: Optional[CostModel] = None, *, online_costs: bool = False,
                  decay: float = 0.95, probe_every: int = 16, p_min=None) -> None:
@@ -84,6 +87,9 @@ class DraftPolicy:
             raise ValueError(f"p_min must be None, 'auto' or in [0, 1], got {p_min!r}")
         self.k_max = k_max
         self.costs = costs or CostModel()
+        # Probes are gated on these (the calibration), not on the live
+        # estimates: one slow round on a noisy machine must not start probing.
+        self.calibrated = CostModel.from_dict(self.costs.to_dict())
         self.online_costs = online_costs
         self.decay = decay
         self.probe_base = probe_every
@@ -96,6 +102,7 @@ class DraftPolicy:
         self.bin_acc = [0.0] * self.BINS
         self.bin_tried = [0.0] * self.BINS
         self.zero_rounds = 0
+        self.idle_rounds = 0
         self.probing = False
         self._after_idle = True
 
@@ -123,10 +130,20 @@ class DraftPolicy:
         rates = [self.rate(k, acc) for k in range(self.k_max + 1)]
         return max(range(self.k_max + 1), key=lambda k: (rates[k], -k))
 
+    def optimistic_acceptance(self) -> float:
+        """Upper end of the per-token acceptance the counts allow (2 sigma),
+        the evidence thinning as idle rounds pass; at most 0.99."""
+        f = self.IDLE_FORGET ** self.idle_rounds
+        n = self.total_tried * f
+        g = (self.total_acc * f + 1.0) / (n + 2.0)
+        return min(0.99, g + 2.0 * (g * (1.0 - g) / (n + 1.0)) ** 0.5)
+
     def could_pay(self) -> bool:
-        """Whether some K beats plain decoding by PROBE_MARGIN at optimistic acceptance."""
-        acc = [self.OPTIMISTIC_ACCEPTANCE] * self.k_max
-        return max(self.rate(k, acc) for k in range(1, self.k_max + 1)) > self.PROBE_MARGIN * self.rate(0, acc)
+        """Whether, at the calibrated costs and the optimistic acceptance, some
+        K beats plain decoding by PROBE_MARGIN."""
+        c, a = self.calibrated, self.optimistic_acceptance()
+        rate = lambda k: self.expected_tokens(k, [a] * k) / (k * c.draft + c.target_cost(k + 1))
+        return max(rate(k) for k in range(1, self.k_max + 1)) > self.PROBE_MARGIN * rate(0)
 
     # -- the per-round calls ---------------------------------------------------
     def choose(self) -> int:
@@ -135,10 +152,11 @@ class DraftPolicy:
         self.probing = False
         if k == 0:
             self.zero_rounds += 1
+            self.idle_rounds += 1
             if self.zero_rounds >= self.probe_every and self.could_pay():
                 self.zero_rounds = 0
                 self.probing = True
-                k = 1
+                k = min(self.PROBE_K, self.k_max)
         else:
             self.zero_rounds = 0
             self.probe_every = self.probe_base
@@ -170,6 +188,7 @@ class DraftPolicy:
         if self.probing and drafted == 0:  # the draft had nothing (no n-gram match): probe again
             self.zero_rounds = self.probe_every
         if verified:  # decay per observation, so idle rounds do not erase what was learned
+            self.idle_rounds = 0
             d = self.decay
             self.acc = [a * d for a in self.acc]
             self.tried = [t * d for t in self.tried]
