@@ -77,7 +77,7 @@ class DraftPolicy:
     BINS = 10
     PROBE_K = 3             # drafts per probe: the catch-up dominates its cost, so learn more
     PROBE_MARGIN = 1.05     # probes run only if the draft could beat plain decoding by this
-    IDLE_FORGET = 0.99      # per idle round, on the evidence used to rule probes out
+    IDLE_FORGET = 0.995     # per idle round, on the evidence used to rule probes out
 
     def __init__(self, k_max: int = 8, costs: Optional[CostModel] = None, *, online_costs: bool = False,
                  decay: float = 0.95, probe_every: int = 16, p_min=None) -> None:
@@ -131,12 +131,13 @@ class DraftPolicy:
         return max(range(self.k_max + 1), key=lambda k: (rates[k], -k))
 
     def optimistic_acceptance(self) -> float:
-        """Upper end of the per-token acceptance the counts allow (2 sigma),
-        the evidence thinning as idle rounds pass; at most 0.99."""
+        """Upper end of the per-token acceptance the counts allow (one sigma:
+        a probe costs too much to chase long shots), the evidence thinning as
+        idle rounds pass; at most 0.99."""
         f = self.IDLE_FORGET ** self.idle_rounds
         n = self.total_tried * f
         g = (self.total_acc * f + 1.0) / (n + 2.0)
-        return min(0.99, g + 2.0 * (g * (1.0 - g) / (n + 1.0)) ** 0.5)
+        return min(0.99, g + (g * (1.0 - g) / (n + 1.0)) ** 0.5)
 
     def could_pay(self) -> bool:
         """Whether, at the calibrated costs and the optimistic acceptance, some
