@@ -273,3 +273,24 @@ def test_cli_ngram_and_auto():
     r = subprocess.run([sys.executable, "-m", "specgguf", "-k", "2", "--p-min", "auto", "-p", "hi"],
                        capture_output=True, text=True)
     assert r.returncode == 1 and "with -k auto" in r.stderr
+
+
+def test_text_stream_utf8_and_stop_strings(target):
+    """Multi-byte characters split across byte-level tokens come out whole;
+    a stop string spanning tokens cuts the text exactly before it."""
+    from specgguf.api import TextStream
+    text = "Rocket 🚀 café, 日本語 and naïve façade."
+    ids = target.tokenize(text.encode(), add_bos=False, special=False)
+    detok = lambda t: target.detokenize([t], special=False)
+    assert any(len(detok(t).decode("utf-8", "ignore")) == 0 for t in ids)  # some tokens split a character
+    ts = TextStream(detok)
+    pieces = [ts.add(t) for t in ids] + [ts.finish()]
+    assert "".join(pieces) == ts.text == text and "\ufffd" not in "".join(pieces)
+    ts = TextStream(detok, stops=["語 and na"])
+    pieces = []
+    for t in ids:
+        pieces.append(ts.add(t))
+        if ts.stopped:
+            break
+    pieces.append(ts.finish())
+    assert "".join(pieces) == text[: text.index("語 and na")] and ts.stopped

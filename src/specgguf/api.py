@@ -15,7 +15,7 @@ import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Union
 
 import llama_cpp
 
@@ -181,10 +181,9 @@ class SpeculativeLlama:
                 k = DraftPolicy(self.K_MAX, costs, online_costs=False, p_min=p_min)
         dec = SpeculativeDecoder(self.draft_step, pair.target_step, k=k, greedy=pair.greedy,
                                  generator=seed, p_min=p_min)
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        text, emitted_len, tokens = "", 0, []
+        out = TextStream(lambda t: self.target.detokenize([t], special=False), stops)
+        tokens: List[int] = []
         finish = "length"
-        hold = max((len(s) for s in stops), default=1) - 1
         t0 = time.perf_counter()
         try:
             for tok in dec.stream(ids, budget, stop_tokens=self.eog):
@@ -192,21 +191,18 @@ class SpeculativeLlama:
                     finish = "stop"
                     break
                 tokens.append(tok)
-                text += decoder.decode(self.target.detokenize([tok], special=False))
-                cut = min((text.find(s) for s in stops if s in text), default=-1)
-                if cut >= 0:
-                    text, finish = text[:cut], "stop"
+                piece = out.add(tok)
+                if piece:
+                    yield piece
+                if out.stopped:
+                    finish = "stop"
                     break
-                safe = len(text) - hold
-                if safe > emitted_len:
-                    yield text[emitted_len:safe]
-                    emitted_len = safe
-            else:
-                text += decoder.decode(b"", final=True)
         finally:
             pair.reset()  # both models are clean and usable after any exit, Ctrl-C included
-        if len(text) > emitted_len:
-            yield text[emitted_len:]
+        rest = out.finish()
+        if rest:
+            yield rest
+        text = out.text
         seconds = time.perf_counter() - t0
         stats = dec.stats.as_dict()
         forwards = sum(m.seconds for m in pair.models)
@@ -220,6 +216,46 @@ class SpeculativeLlama:
         )
         stats["finish_reason"] = finish
         yield GenerationResult(text=text, tokens=tokens, finish_reason=finish, stats=stats)
+
+
+class TextStream:
+    """Generated token ids to text pieces, as a user should see them.
+
+    UTF-8 safe: bytes of a character split across tokens are held until it
+    is complete. Stop strings end the text wherever they fall, inside a
+    token or across tokens: text that could still become a stop string is
+    held back (at most the longest stop string less one character).
+    """
+
+    def __init__(self, detokenize: Callable[[int], bytes], stops: Sequence[str] = ()) -> None:
+        self.detokenize = detokenize
+        self.stops = [s for s in stops if s]
+        self.hold = max((len(s) for s in self.stops), default=1) - 1
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.text = ""
+        self.shown = 0  # characters already returned
+        self.stopped = False
+
+    def add(self, token: int) -> str:
+        """Add one token; return the text that is now safe to show ("" if none)."""
+        self.text += self.decoder.decode(self.detokenize(token))
+        cut = min((i for i in (self.text.find(s) for s in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            self.text, self.stopped = self.text[:cut], True
+            return self._take(len(self.text))
+        return self._take(len(self.text) - self.hold)
+
+    def finish(self) -> str:
+        """The held-back rest, once generation has ended."""
+        if not self.stopped:
+            self.text += self.decoder.decode(b"", final=True)
+        return self._take(len(self.text))
+
+    def _take(self, upto: int) -> str:
+        if upto <= self.shown:
+            return ""
+        piece, self.shown = self.text[self.shown:upto], upto
+        return piece
 
 
 def _file_id(llm: Optional["llama_cpp.Llama"]) -> str:
