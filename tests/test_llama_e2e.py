@@ -14,6 +14,7 @@ import specgguf  # noqa: E402
 from specgguf import models  # noqa: E402
 from specgguf.api import SpeculativeLlama  # noqa: E402
 from specgguf.llama_adapter import LlamaPair  # noqa: E402
+from specgguf.policy import DraftPolicy  # noqa: E402
 
 PROMPTS = [
     "Write a short story about a robot who learns to paint.",
@@ -294,3 +295,18 @@ def test_text_stream_utf8_and_stop_strings(target):
             break
     pieces.append(ts.finish())
     assert "".join(pieces) == text[: text.index("語 and na")] and ts.stopped
+
+
+def test_learned_acceptance_is_stored_for_later_runs(target, poor_draft):
+    s = SpeculativeLlama(target, poor_draft)
+    s.generate(msgs(PROMPTS[2]), chat=True, max_tokens=24, k="auto")
+    entry = s._calibration()
+    assert "learned" in entry and "draft" in entry and len(entry["target"]) == s.K_MAX + 1
+    again = SpeculativeLlama(target, poor_draft)
+    again.generate(msgs(PROMPTS[2]), chat=True, max_tokens=4, k="auto")
+    stored = entry["learned"]["total_tried"]
+    fresh = DraftPolicy(SpeculativeLlama.K_MAX)
+    fresh.load_state(entry["learned"])
+    assert fresh.total_tried == pytest.approx(min(DraftPolicy.PRIOR_CAP, stored))
+    # A new object (as a new process would) starts from what the first learned.
+    assert again._policy is not None and (stored == 0 or again._policy.total_tried > 0)

@@ -120,3 +120,16 @@ def test_p_min_auto_learns_a_cutoff():
     assert DraftPolicy(4).p_min() is None
     with pytest.raises(ValueError, match="p_min"):
         DraftPolicy(4, p_min=2.0)
+
+
+def test_learned_state_carries_over_as_a_weak_prior():
+    policy = DraftPolicy(8, CostModel.from_dict(CHEAP_BATCH.to_dict()))  # drafts every round
+    simulate(policy, 0.3, 300, np.random.default_rng(5))
+    assert policy.total_tried > 2 * DraftPolicy.PRIOR_CAP
+    fresh = DraftPolicy(8, CostModel.from_dict(COMPUTE_BOUND.to_dict()))
+    assert fresh.could_pay()  # knows nothing: worth a probe
+    fresh.load_state(policy.state())
+    assert fresh.total_tried == pytest.approx(DraftPolicy.PRIOR_CAP)
+    assert fresh.acceptance()[0] < 0.5 and not fresh.could_pay()  # knows the draft is poor
+    fresh.load_state({"acc": "damaged"})  # an unreadable state is ignored
+    fresh.load_state(None)

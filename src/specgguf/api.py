@@ -89,29 +89,28 @@ class SpeculativeLlama:
         self.eog = {t for t in range(llama_cpp.llama_vocab_n_tokens(vocab))
                     if llama_cpp.llama_vocab_is_eog(vocab, t)}
 
+    def _calibration_key(self) -> str:
+        return "|".join(str(x) for x in (
+            *(_file_id(m) for m in (self.target, self.draft)), self.names[1],
+            self.target.context_params.n_threads, platform.machine(), llama_cpp.__version__, self.K_MAX))
+
+    def _calibration(self) -> dict:
+        """This pair's entry in ``<cache>/calibration.json`` (measured if absent)."""
+        table = _read_json(_calibration_path())
+        key = self._calibration_key()
+        if key not in table:
+            costs = self.pair.calibrate(self.K_MAX)
+            if self.draft is None:
+                costs.draft = 1e-5 * costs.target[0]  # a dictionary lookup
+            table = _update_json(_calibration_path(), key, costs.to_dict())
+        return table[key]
+
     def costs(self) -> CostModel:
         """This machine's forward costs for the pair: measured once, then kept in
         ``<cache>/calibration.json`` so later runs (seeded ones above all) use
         the same fixed values."""
         if self._costs is None:
-            key = "|".join(str(x) for x in (
-                *(_file_id(m) for m in (self.target, self.draft)), self.names[1],
-                self.target.context_params.n_threads, platform.machine(), llama_cpp.__version__, self.K_MAX))
-            path = cache_dir() / "calibration.json"
-            try:
-                table = json.loads(path.read_text())
-            except (OSError, ValueError):
-                table = {}
-            if key not in table:
-                costs = self.pair.calibrate(self.K_MAX)
-                if self.draft is None:
-                    costs.draft = 1e-5 * costs.target[0]  # a dictionary lookup
-                table[key] = costs.to_dict()
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_suffix(".tmp")
-                tmp.write_text(json.dumps(table, indent=1))
-                tmp.replace(path)
-            self._costs = CostModel.from_dict(table[key])
+            self._costs = CostModel.from_dict(self._calibration())
         return CostModel.from_dict(self._costs.to_dict())  # a copy: policies refine their own
 
     def tokenize(self, prompt: Union[str, Sequence[int]], chat: bool = False) -> List[int]:
@@ -174,6 +173,9 @@ class SpeculativeLlama:
                 # session learns once); it refines costs from live timings.
                 if self._policy is None or self._policy.p_min_setting != p_min:
                     self._policy = DraftPolicy(self.K_MAX, costs, online_costs=True, p_min=p_min)
+                    # What earlier runs learned of this pair's acceptance: a
+                    # prior, so a poor draft is not probed again in every process.
+                    self._policy.load_state(self._calibration().get("learned"))
                 k = self._policy
             else:
                 # A seeded sampling run must reproduce: a fresh policy on the
@@ -202,6 +204,9 @@ class SpeculativeLlama:
         rest = out.finish()
         if rest:
             yield rest
+        if dec.policy is not None and dec.policy is self._policy:
+            entry = dict(self._calibration(), learned=self._policy.state())
+            _update_json(_calibration_path(), self._calibration_key(), entry)
         text = out.text
         seconds = time.perf_counter() - t0
         stats = dec.stats.as_dict()
@@ -256,6 +261,28 @@ class TextStream:
             return ""
         piece, self.shown = self.text[self.shown:upto], upto
         return piece
+
+
+def _calibration_path() -> Path:
+    return cache_dir() / "calibration.json"
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _update_json(path: Path, key: str, value: dict) -> dict:
+    """Set one key of a JSON object file (atomically); returns the new table."""
+    table = _read_json(path)
+    table[key] = value
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(table, indent=1))
+    tmp.replace(path)
+    return table
 
 
 def _file_id(llm: Optional["llama_cpp.Llama"]) -> str:

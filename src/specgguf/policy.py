@@ -146,6 +146,30 @@ class DraftPolicy:
         rate = lambda k: self.expected_tokens(k, [a] * k) / (k * c.draft + c.target_cost(k + 1))
         return max(rate(k) for k in range(1, self.k_max + 1)) > self.PROBE_MARGIN * rate(0)
 
+    # -- what carries over between runs ---------------------------------------
+    PRIOR_CAP = 8.0  # a stored state counts as at most this many observations
+
+    def state(self) -> Dict[str, object]:
+        """The learned acceptance, to seed a later policy for the same pair."""
+        return {"acc": list(self.acc), "tried": list(self.tried), "total_acc": self.total_acc,
+                "total_tried": self.total_tried}
+
+    def load_state(self, state: Optional[Dict[str, object]]) -> None:
+        """Start from a stored :meth:`state`, scaled down to a weak prior."""
+        if not state:
+            return
+        try:
+            tried = float(state["total_tried"])
+            f = min(1.0, self.PRIOR_CAP / tried) if tried > 0 else 0.0
+            acc = [float(x) * f for x in state["acc"]][: self.k_max]
+            tr = [float(x) * f for x in state["tried"]][: self.k_max]
+            total_acc = float(state["total_acc"]) * f
+        except (KeyError, TypeError, ValueError):
+            return  # an old or damaged file: learn from scratch
+        n = len(acc)
+        self.acc[:n], self.tried[:n] = acc, tr
+        self.total_acc, self.total_tried = total_acc, tried * f
+
     # -- the per-round calls ---------------------------------------------------
     def choose(self) -> int:
         """K for the next round."""
