@@ -59,8 +59,18 @@ void residual_chunk_sums_scalar(const float* p, const float* q, std::size_t n,
     }
 }
 
+float quick_sum_scalar(const float* x, std::size_t n, float* mn) {
+    float s = 0.0f, m = std::numeric_limits<float>::infinity();
+    for (std::size_t j = 0; j < n; ++j) {
+        s += x[j];
+        m = x[j] < m ? x[j] : m;
+    }
+    *mn = m;
+    return s;
+}
+
 const Kernels kScalar = {"scalar", argmax_scalar, chunk_sums_scalar,
-                         residual_chunk_sums_scalar};
+                         residual_chunk_sums_scalar, quick_sum_scalar};
 
 double total(const double* chunks, std::size_t nc) {
     double s = 0.0;
@@ -135,14 +145,28 @@ Result accept(const Kernels& kern, const float* target, const float* draft_probs
         return t;
     };
     Result err = {kOk, 0, 0, -1};
+    // Bound on how far a float32 sum (any order) of v non-negative values can
+    // be from the canonical double sum, relative: v * 2^-24 for the float
+    // sum, v * 2^-52 for the double one, and slack for the products below.
+    const double delta = (double)v * (0x1p-24 + 0x1p-52) + 1e-12;
     for (std::size_t i = 0; i < k; ++i) {
         const float* p = target + i * v;
         const float* q = draft_probs + i * v;
+        const std::size_t t = (std::size_t)draft[i];
+        // Most positions are decided by quick float sums: when u is further
+        // from the threshold than the sums' error bound allows, the exact
+        // decision is certain. Otherwise (and for bad input) the exact path.
+        float pmin, qmin;
+        const double Pq = kern.quick_sum(p, v, &pmin), Qq = kern.quick_sum(q, v, &qmin);
+        if (std::isfinite(Pq) && std::isfinite(Qq) && pmin >= 0.0f && qmin >= 0.0f && Pq > 0.0 &&
+            Qq > 0.0 && delta < 0.25) {
+            const double lhs = u[i] * (double)q[t], rhs = (double)p[t];
+            if (lhs * Pq * (1 + delta) < rhs * Qq * (1 - delta)) continue;  // surely accepted
+        }
         double P = row_total(p, kBadTarget, kZeroTarget, i, &err);
         if (err.status) return err;
         double Q = row_total(q, kBadDraft, kZeroDraft, i, &err);
         if (err.status) return err;
-        const std::size_t t = (std::size_t)draft[i];
         // u < (p_t/P) / (q_t/Q), without the divisions' rounding.
         if (u[i] * (double)q[t] * P < (double)p[t] * Q) continue;
 

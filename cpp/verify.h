@@ -38,6 +38,10 @@ struct Kernels {
     // norm(max(0, p/P - q/Q)) scaled by P*Q, so no division is needed).
     void (*residual_chunk_sums)(const float* p, const float* q, std::size_t n,
                                 double P, double Q, double* out);
+    // A quick float32 sum of x[0..n) in any order (within n * 2^-24 of the
+    // true sum for non-negative x); *mn = min(x). Lets accept() decide most
+    // positions without the double sums (see verify.cpp); never returned.
+    float (*quick_sum)(const float* x, std::size_t n, float* mn);
 };
 
 // Folds kLanes accumulators in the canonical order (SIMD paths use it for a
@@ -74,6 +78,9 @@ Result verify_greedy(const Kernels& kern, const float* target, std::size_t k,
                      std::size_t v, const std::int64_t* draft);
 
 // Speculative sampling with explicit uniforms u[0..k], each in [0, 1).
+// Positions where u is far from the threshold are decided from quick_sum's
+// float32 totals under an error bound; the rest from the double totals. The
+// result is always the one the double totals give.
 // target: [k+1, v]; draft_probs: [k, v]; draft: [k]. scratch holds at least
 // n_chunks(v) doubles.
 Result accept(const Kernels& kern, const float* target, const float* draft_probs,

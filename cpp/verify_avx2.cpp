@@ -141,7 +141,28 @@ AVX2 void residual_chunk_sums_avx2(const float* p, const float* q, std::size_t n
     }
 }
 
-const Kernels kAvx2 = {"avx2", argmax_avx2, chunk_sums_avx2, residual_chunk_sums_avx2};
+AVX2 float quick_sum_avx2(const float* x, std::size_t n, float* mn) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    __m256 m = _mm256_set1_ps(std::numeric_limits<float>::infinity());
+    std::size_t j = 0;
+    for (; j + 32 <= n; j += 32) {
+        __m256 a = _mm256_loadu_ps(x + j), b = _mm256_loadu_ps(x + j + 8);
+        __m256 c = _mm256_loadu_ps(x + j + 16), d = _mm256_loadu_ps(x + j + 24);
+        s0 = _mm256_add_ps(s0, a); s1 = _mm256_add_ps(s1, b);
+        s2 = _mm256_add_ps(s2, c); s3 = _mm256_add_ps(s3, d);
+        m = _mm256_min_ps(m, _mm256_min_ps(_mm256_min_ps(a, b), _mm256_min_ps(c, d)));
+    }
+    alignas(32) float l[8], ml[8];
+    _mm256_store_ps(l, _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+    _mm256_store_ps(ml, m);
+    float s = 0.0f, mm = std::numeric_limits<float>::infinity();
+    for (int i = 0; i < 8; ++i) { s += l[i]; mm = ml[i] < mm ? ml[i] : mm; }
+    for (; j < n; ++j) { s += x[j]; mm = x[j] < mm ? x[j] : mm; }
+    *mn = mm;
+    return s;
+}
+
+const Kernels kAvx2 = {"avx2", argmax_avx2, chunk_sums_avx2, residual_chunk_sums_avx2, quick_sum_avx2};
 
 }  // namespace
 

@@ -98,10 +98,28 @@ AVX512 void residual_chunk_sums_avx512(const float* p, const float* q, std::size
     }
 }
 
+AVX512 float quick_sum_avx512(const float* x, std::size_t n, float* mn) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    __m512 m = _mm512_set1_ps(std::numeric_limits<float>::infinity());
+    std::size_t j = 0;
+    for (; j + 64 <= n; j += 64) {
+        __m512 a = _mm512_loadu_ps(x + j), b = _mm512_loadu_ps(x + j + 16);
+        __m512 c = _mm512_loadu_ps(x + j + 32), d = _mm512_loadu_ps(x + j + 48);
+        s0 = _mm512_add_ps(s0, a); s1 = _mm512_add_ps(s1, b);
+        s2 = _mm512_add_ps(s2, c); s3 = _mm512_add_ps(s3, d);
+        m = _mm512_min_ps(m, _mm512_min_ps(_mm512_min_ps(a, b), _mm512_min_ps(c, d)));
+    }
+    float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+    float mm = _mm512_reduce_min_ps(m);
+    for (; j < n; ++j) { s += x[j]; mm = x[j] < mm ? x[j] : mm; }
+    *mn = mm;
+    return s;
+}
+
 }  // namespace
 
 const Kernels* avx512_kernels() {
-    static Kernels k = {"avx512", nullptr, chunk_sums_avx512, residual_chunk_sums_avx512};
+    static Kernels k = {"avx512", nullptr, chunk_sums_avx512, residual_chunk_sums_avx512, quick_sum_avx512};
     const Kernels* avx2 = avx2_kernels();
     if (!avx2 || !__builtin_cpu_supports("avx512f")) return nullptr;
     k.argmax = avx2->argmax;

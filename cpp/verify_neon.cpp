@@ -122,7 +122,25 @@ void residual_chunk_sums_neon(const float* p, const float* q, std::size_t n,
     }
 }
 
-const Kernels kNeon = {"neon", argmax_neon, chunk_sums_neon, residual_chunk_sums_neon};
+float quick_sum_neon(const float* x, std::size_t n, float* mn) {
+    float32x4_t s0 = vdupq_n_f32(0.0f), s1 = s0, s2 = s0, s3 = s0;
+    float32x4_t m = vdupq_n_f32(std::numeric_limits<float>::infinity());
+    std::size_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        float32x4_t a = vld1q_f32(x + j), b = vld1q_f32(x + j + 4);
+        float32x4_t c = vld1q_f32(x + j + 8), d = vld1q_f32(x + j + 12);
+        s0 = vaddq_f32(s0, a); s1 = vaddq_f32(s1, b);
+        s2 = vaddq_f32(s2, c); s3 = vaddq_f32(s3, d);
+        m = vminq_f32(m, vminq_f32(vminq_f32(a, b), vminq_f32(c, d)));  // NaN-propagating
+    }
+    float s = vaddvq_f32(vaddq_f32(vaddq_f32(s0, s1), vaddq_f32(s2, s3)));
+    float mm = vminvq_f32(m);
+    for (; j < n; ++j) { s += x[j]; mm = (x[j] < mm || x[j] != x[j]) ? x[j] : mm; }
+    *mn = mm;
+    return s;
+}
+
+const Kernels kNeon = {"neon", argmax_neon, chunk_sums_neon, residual_chunk_sums_neon, quick_sum_neon};
 
 }  // namespace
 

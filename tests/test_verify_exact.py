@@ -176,3 +176,36 @@ def test_accept_onehot_equals_accept_with_onehot_rows(case):
             assert specgguf.accept_onehot_uniforms(target, tokens, u) == got
     finally:
         specgguf.set_kernel(before)
+
+
+@pytest.mark.parametrize("v", [5, 1000, 32000, 128256])
+def test_quick_sum_shortcut_never_changes_a_decision(v):
+    """accept() decides most positions from float32 row sums with an error
+    bound (v * 2^-24), and falls back to the double sums inside it. Put u just
+    inside and just outside that bound around the exact threshold: every
+    kernel path must give the reference's decision."""
+    rng = np.random.default_rng(v)
+    delta = v * 2.0**-24
+    p = rng.random((2, v)).astype(np.float32) + 0.01
+    q = (p[:1] * np.exp(0.3 * rng.standard_normal(v))).astype(np.float32)
+    t = int(np.argmin(p[0] / q[0]))  # a token whose ratio p/q is below 1
+    ratio = (p[0, t] / p[0].astype(np.float64).sum()) / (q[0, t] / q[0].astype(np.float64).sum())
+    assert ratio < 1
+    before = specgguf.get_kernel()
+    try:
+        for f in [0.0, 0.3, 0.9, 0.99, 1.01, 1.1, 3.0, 30.0]:
+            for sign in (-1, 1):
+                u0 = ratio * (1 + sign * f * delta)
+                if not 0 <= u0 < 1:
+                    continue
+                u = np.array([u0, 0.5])
+                n_ref, tok_ref, margin = reference.accept_uniforms(p, q, [t], u)
+                got = set()
+                for name in specgguf.kernels():
+                    specgguf.set_kernel(name)
+                    got.add(specgguf.accept_uniforms(p, q, [t], u))
+                assert len(got) == 1
+                if margin > TIE:
+                    assert got == {(n_ref, tok_ref)}
+    finally:
+        specgguf.set_kernel(before)
