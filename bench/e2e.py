@@ -20,7 +20,6 @@ import resource
 import time
 
 import llama_cpp
-import numpy as np
 
 from specgguf import models
 from specgguf.api import SpeculativeLlama

@@ -12,7 +12,6 @@ never an ``n_ctx x V`` buffer.
 
 from __future__ import annotations
 
-import ctypes
 import time
 from typing import List, Optional, Sequence, Tuple
 

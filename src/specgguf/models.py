@@ -79,7 +79,7 @@ def cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "specgguf" / "models"
 
 
-def sha256_of(path: Path, progress: bool = False) -> str:
+def sha256_of(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):
