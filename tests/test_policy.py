@@ -133,3 +133,18 @@ def test_learned_state_carries_over_as_a_weak_prior():
     assert fresh.acceptance()[0] < 0.5 and not fresh.could_pay()  # knows the draft is poor
     fresh.load_state({"acc": "damaged"})  # an unreadable state is ignored
     fresh.load_state(None)
+
+
+def test_online_policy_re_times_plain_decoding_while_drafting():
+    policy = DraftPolicy(8, CostModel(draft=0.1, target=[3.0] + [1.05 + 0.05 * b for b in range(8)],
+                                      seconds=True), online_costs=True)
+    ks = []
+    for _ in range(200):
+        k = policy.choose()
+        ks.append(k)
+        # Plain rounds really take 1.0, not the 3.0 the stale table says.
+        policy.update(k, k, draft_cost=0.1 * k, target_cost=1.0 if k == 0 else 1.05 + 0.05 * k)
+    assert ks[:31].count(0) == 0 and 0 in ks[31:40]  # a plain round within the first 32
+    assert policy.costs.target_cost(1) < 2.0  # and the estimate came down
+    frozen = DraftPolicy(8, CostModel.from_dict(CHEAP_BATCH.to_dict()))  # seeded runs: no such rounds
+    assert 0 not in simulate(frozen, 0.99, 200, np.random.default_rng(0))[10:]

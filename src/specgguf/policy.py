@@ -9,7 +9,7 @@ tokens and costs ``K * draft + target(K + 1)`` (one draft forward per token,
 one target forward over K+1 tokens, whose cost is not linear in K). The
 policy picks the K in 0..k_max with the most expected tokens per unit of
 cost (Leviathan et al.'s speedup formula with measured terms); K = 0 is plain
-target decoding. Acceptance is estimated online from counts that decay with
+target decoding, kept unless drafting is expected to win by 5%. Acceptance is estimated online from counts that decay with
 each verified position. While K = 0 is chosen, a probe round (K = 3) runs on
 a fixed round schedule (backing off while probes fail) so that a draft that
 becomes good again is noticed - but only while the draft could still pay:
@@ -76,6 +76,8 @@ class DraftPolicy:
     PRIOR_WEIGHT = 2.0
     BINS = 10
     PROBE_K = 3             # drafts per probe: the catch-up dominates its cost, so learn more
+    BASELINE_EVERY = 32     # online: one plain round this often while drafting, to re-time it
+    DRAFT_MARGIN = 1.05     # draft only when it is expected to beat plain decoding by this
     PROBE_MARGIN = 1.05     # probes run only if the draft could beat plain decoding by this
     IDLE_FORGET = 0.995     # per idle round, on the evidence used to rule probes out
 
@@ -103,6 +105,8 @@ class DraftPolicy:
         self.bin_tried = [0.0] * self.BINS
         self.zero_rounds = 0
         self.idle_rounds = 0
+        self.busy_rounds = 0  # rounds since the last plain (K = 0) one
+        self._samples: Dict[object, int] = {}  # live cost samples per key
         self.probing = False
         self._after_idle = True
 
@@ -126,9 +130,13 @@ class DraftPolicy:
         return self.expected_tokens(k, acc) / (k * self.costs.draft + self.costs.target_cost(k + 1))
 
     def best_k(self, acc: Optional[Sequence[float]] = None) -> int:
+        """The K with the best expected rate; 0 unless drafting is expected to
+        beat plain decoding by DRAFT_MARGIN (the cost estimates are noisy, and
+        a marginal win predicted is often a loss measured)."""
         acc = self.acceptance() if acc is None else acc
         rates = [self.rate(k, acc) for k in range(self.k_max + 1)]
-        return max(range(self.k_max + 1), key=lambda k: (rates[k], -k))
+        k = max(range(1, self.k_max + 1), key=lambda k: (rates[k], -k))
+        return k if rates[k] > self.DRAFT_MARGIN * rates[0] else 0
 
     def optimistic_acceptance(self) -> float:
         """Upper end of the per-token acceptance the counts allow (one sigma:
@@ -185,6 +193,13 @@ class DraftPolicy:
         else:
             self.zero_rounds = 0
             self.probe_every = self.probe_base
+            self.busy_rounds += 1
+            # The cost of plain decoding is only measured in plain rounds; a
+            # stale, slow estimate of it would keep the policy drafting.
+            if self.online_costs and self.busy_rounds >= self.BASELINE_EVERY:
+                k = 0
+        if k == 0:
+            self.busy_rounds = 0
         return k
 
     def p_min(self) -> Optional[float]:
@@ -238,14 +253,18 @@ class DraftPolicy:
                 scale = target_cost / self.costs.target_cost(drafted + 1)
                 self.costs = CostModel(self.costs.draft * scale, [t * scale for t in self.costs.target],
                                        seconds=True)
-            ema = 0.1  # smooth: shared machines are noisy
+            # A running mean over the first samples (the calibration counts
+            # as one), then an EMA: shared machines are noisy.
+            ema = lambda key: max(0.1, 1.0 / (self._samples.setdefault(key, 0) + 2))
             # After K = 0 rounds the draft first catches up on skipped tokens:
             # that round's draft time is not the cost of a drafted token.
             if draft_cost is not None and drafted > 0 and not self._after_idle:
-                self.costs.draft += ema * (draft_cost / drafted - self.costs.draft)
+                self.costs.draft += ema("draft") * (draft_cost / drafted - self.costs.draft)
+                self._samples["draft"] += 1
             b = drafted + 1
             t = self.costs.target
             while len(t) < b:
                 t.append(self.costs.target_cost(len(t) + 1))
-            t[b - 1] += ema * (target_cost - t[b - 1])
+            t[b - 1] += ema(b) * (target_cost - t[b - 1])
+            self._samples[b] += 1
         self._after_idle = drafted == 0
