@@ -153,7 +153,7 @@ def test_models_usable_after_an_exception(spec, target):
     m = msgs(PROMPTS[1])
     ref = spec.generate(m, chat=True, max_tokens=20).tokens
     assert len(ref) == 20
-    it = spec._run(m, 40, 0.0, 40, 0.95, 0.05, 4, None, None, True)
+    it = spec.run(m, max_tokens=40, k=4, chat=True)
     next(it)
     with pytest.raises(KeyboardInterrupt):
         it.throw(KeyboardInterrupt)  # as a Ctrl-C arriving mid-generation

@@ -82,7 +82,6 @@ class SpeculativeLlama:
             self.draft_step = FallbackDraft(NgramDraft(n_min=3).draft_step, self.pair.draft_step).draft_step
         else:
             self.draft_step = self.pair.draft_step
-        self.n_threads = n_threads
         self._costs: Optional[CostModel] = None
         self._policy: Optional[DraftPolicy] = None
         vocab = llama_cpp.llama_model_get_vocab(self.target.model)
@@ -144,12 +143,20 @@ class SpeculativeLlama:
                  seed: Optional[int] = None, stop: Union[str, Sequence[str], None] = None,
                  stream: bool = False, chat: bool = False) -> Union[GenerationResult, Iterator[str]]:
         """Generate after ``prompt``; see :func:`specgguf.generate` for the arguments."""
-        run = self._run(prompt, max_tokens, temperature, top_k, top_p, min_p, k, seed, stop, chat, p_min)
+        run = self.run(prompt, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                       min_p=min_p, k=k, p_min=p_min, seed=seed, stop=stop, chat=chat)
         if stream:
             return (piece for piece in run if isinstance(piece, str))
         return [piece for piece in run if isinstance(piece, GenerationResult)][0]
 
-    def _run(self, prompt, max_tokens, temperature, top_k, top_p, min_p, k, seed, stop, chat, p_min=None):
+    def run(self, prompt: Union[str, Sequence[int], List[dict]], *, max_tokens: int = 256,
+            temperature: float = 0.0, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
+            k: Union[int, str] = "auto", p_min: Union[None, float, str] = None,
+            seed: Optional[int] = None, stop: Union[str, Sequence[str], None] = None,
+            chat: bool = False) -> Iterator[Union[str, GenerationResult]]:
+        """Like :meth:`generate` with ``stream=True``, but after the text pieces
+        it yields the :class:`GenerationResult` too (for callers that stream
+        and also want the stats)."""
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
         if max_tokens < 0:
@@ -204,11 +211,10 @@ class SpeculativeLlama:
         rest = out.finish()
         if rest:
             yield rest
-        if dec.policy is not None and dec.policy is self._policy:
-            entry = dict(self._calibration(), learned=self._policy.state())
-            _update_json(_calibration_path(), self._calibration_key(), entry)
-        text = out.text
         seconds = time.perf_counter() - t0
+        if dec.policy is not None and dec.policy is self._policy:
+            _update_json(_calibration_path(), self._calibration_key(), {"learned": self._policy.state()})
+        text = out.text
         stats = dec.stats.as_dict()
         forwards = sum(m.seconds for m in pair.models)
         stats.update(
@@ -274,10 +280,11 @@ def _read_json(path: Path) -> dict:
         return {}
 
 
-def _update_json(path: Path, key: str, value: dict) -> dict:
-    """Set one key of a JSON object file (atomically); returns the new table."""
+def _update_json(path: Path, key: str, fields: dict) -> dict:
+    """Merge ``fields`` into the entry ``key`` of a JSON object file
+    (atomically); returns the new table."""
     table = _read_json(path)
-    table[key] = value
+    table[key] = {**table.get(key, {}), **fields}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(table, indent=1))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import List, Optional
 
@@ -140,8 +139,6 @@ def run(args: argparse.Namespace) -> int:
     if target is None or draft is None:
         dt, dd = models.default_pair()
         target, draft = target or dt, draft or dd
-    if not args.verbose:
-        os.environ.setdefault("LLAMA_LOG_LEVEL", "error")
     if args.ngram and draft == "ngram":
         raise ValueError("--ngram adds a prompt lookup in front of a draft model; --draft ngram already is one")
     if args.p_min == "auto" and args.draft_max != "auto":
@@ -152,25 +149,20 @@ def run(args: argparse.Namespace) -> int:
               min_p=args.min_p, k=args.draft_max, p_min=args.p_min, seed=args.seed, chat=args.chat)
     if args.chat:
         prompt = [{"role": "user", "content": prompt}]
-    if args.json or args.no_stream:
-        res = llm.generate(prompt, **kw)
-        if args.json:
-            print(json.dumps({"text": res.text, "tokens": res.tokens, "finish_reason": res.finish_reason,
-                              "stats": res.stats}))
-        else:
-            print(res.text)
-        stats = res.stats
+    stream = not (args.json or args.no_stream)
+    res = None
+    for piece in llm.run(prompt, **kw):
+        if not isinstance(piece, str):
+            res = piece
+        elif stream:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+    if args.json:
+        print(json.dumps({"text": res.text, "tokens": res.tokens, "finish_reason": res.finish_reason,
+                          "stats": res.stats}))
     else:
-        stats = {}
-        for piece in llm._run(prompt, kw["max_tokens"], kw["temperature"], kw["top_k"], kw["top_p"],
-                              kw["min_p"], kw["k"], kw["seed"], None, kw["chat"], kw["p_min"]):
-            if isinstance(piece, str):
-                sys.stdout.write(piece)
-                sys.stdout.flush()
-            else:
-                stats = piece.stats
-        sys.stdout.write("\n")
-        sys.stdout.flush()
+        print("" if stream else res.text, flush=True)
+    stats = res.stats
     if args.stats:
         s = stats
         print(f"specgguf: {s['emitted']} tokens in {s['seconds']:.2f} s ({s['tokens_per_second']:.1f} tok/s); "
