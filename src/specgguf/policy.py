@@ -125,9 +125,11 @@ class DraftPolicy:
             e += run
         return e
 
-    def rate(self, k: int, acc: Optional[Sequence[float]] = None) -> float:
-        """Expected tokens per unit cost when drafting k."""
-        return self.expected_tokens(k, acc) / (k * self.costs.draft + self.costs.target_cost(k + 1))
+    def rate(self, k: int, acc: Optional[Sequence[float]] = None,
+             costs: Optional[CostModel] = None) -> float:
+        """Expected tokens per unit cost when drafting k (at ``costs``, default the live ones)."""
+        c = costs or self.costs
+        return self.expected_tokens(k, acc) / (k * c.draft + c.target_cost(k + 1))
 
     def best_k(self, acc: Optional[Sequence[float]] = None) -> int:
         """The K with the best expected rate; 0 unless drafting is expected to
@@ -150,8 +152,8 @@ class DraftPolicy:
     def could_pay(self) -> bool:
         """Whether, at the calibrated costs and the optimistic acceptance, some
         K beats plain decoding by PROBE_MARGIN."""
-        c, a = self.calibrated, self.optimistic_acceptance()
-        rate = lambda k: self.expected_tokens(k, [a] * k) / (k * c.draft + c.target_cost(k + 1))
+        acc = [self.optimistic_acceptance()] * self.k_max
+        rate = lambda k: self.rate(k, acc, self.calibrated)
         return max(rate(k) for k in range(1, self.k_max + 1)) > self.PROBE_MARGIN * rate(0)
 
     # -- what carries over between runs ---------------------------------------
