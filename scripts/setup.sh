@@ -5,7 +5,8 @@
 #
 # Why not plain `pip install llama-cpp-python`: on x86-64 its default
 # -march=native build crashes on CPUs with AMX (Q4/Q2 matmuls segfault in
-# ggml_backend_amx_mul_mat), so x86 builds a portable AVX2 (or SSE) binary;
+# ggml_backend_amx_mul_mat), so x86 names the CPU's features itself (SSE,
+# AVX2, AVX-512: everything native would use except AMX);
 # on aarch64 boards the native build is what makes llama.cpp fast, so it
 # keeps GGML_NATIVE=ON. The built wheel is kept in a cache keyed by the
 # flags, because pip's own wheel cache ignores CMAKE_ARGS.
@@ -23,8 +24,16 @@ export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
 case "$(uname -m)" in
   x86_64|amd64)
     flags="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF"
-    if grep -qw avx2 /proc/cpuinfo; then
+    has() { grep -qw "$1" /proc/cpuinfo; }
+    if has avx2; then
       flags="$flags -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
+      # What -march=native would add, minus AMX: batched F32 forwards (the
+      # target's verification) run about 10% faster with AVX-512 here.
+      if has avx512f && has avx512cd && has avx512vl && has avx512dq && has avx512bw; then
+        flags="$flags -DGGML_AVX512=ON"
+        if has avx512vbmi; then flags="$flags -DGGML_AVX512_VBMI=ON"; fi
+        if has avx512_vnni; then flags="$flags -DGGML_AVX512_VNNI=ON"; fi
+      fi
     fi ;;
   *)  # aarch64 boards and everything else: native is right (NEON, dotprod where present)
     flags="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF" ;;
