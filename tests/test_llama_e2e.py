@@ -310,3 +310,17 @@ def test_learned_acceptance_is_stored_for_later_runs(target, poor_draft):
     assert fresh.total_tried == pytest.approx(min(DraftPolicy.PRIOR_CAP, stored))
     # A new object (as a new process would) starts from what the first learned.
     assert again._policy is not None and (stored == 0 or again._policy.total_tried > 0)
+
+
+def test_calibration_measures_the_drafts_acceptance(target, draft, poor_draft):
+    good = LlamaPair(target, draft).measure_acceptance()
+    assert good == LlamaPair(target, draft).measure_acceptance()  # a fixed value, as seeded runs need
+    poor = LlamaPair(target, poor_draft).measure_acceptance()
+    for m in (good, poor):
+        assert 0.0 <= m["greedy"] <= 1.0 and 0.0 <= m["sampled"] <= 1.0
+    # The Q4_1 draft agrees with the F32 target far more often than the Q2_K one.
+    assert good["greedy"] > poor["greedy"] + 0.1 and good["sampled"] > poor["sampled"]
+    # A seeded policy starts from the stored measurement, read the same way every call.
+    s = SpeculativeLlama(target, poor_draft)
+    assert s.prior_acceptance(greedy=False) == s._calibration()["acceptance"]["sampled"]
+    assert SpeculativeLlama(target, "ngram").prior_acceptance(greedy=True) is None

@@ -148,3 +148,26 @@ def test_online_policy_re_times_plain_decoding_while_drafting():
     assert policy.costs.target_cost(1) < 2.0  # and the estimate came down
     frozen = DraftPolicy(8, CostModel.from_dict(CHEAP_BATCH.to_dict()))  # seeded runs: no such rounds
     assert 0 not in simulate(frozen, 0.99, 200, np.random.default_rng(0))[10:]
+
+
+def test_a_measured_prior_decides_the_first_rounds():
+    # A calibration of the default pair on this machine (ms).
+    measured = CostModel(draft=7.7, target=[21.6, 30.0, 32.9, 33.1, 36.8, 38.4, 41.1, 42.5, 43.9])
+    costs = lambda: CostModel.from_dict(measured.to_dict())
+    # Without a prior the draft might be excellent: worth probing.
+    assert DraftPolicy(8, costs()).could_pay()
+    # A draft measured as poor: plain decoding from the first round, no probe
+    # until the prior has aged.
+    poor = DraftPolicy(8, costs(), prior=0.4)
+    assert not poor.could_pay()
+    assert [poor.choose() for _ in range(64)] == [0] * 64
+    # A draft measured as good: drafting from the first round, at the K the
+    # formula gives for that acceptance.
+    good = DraftPolicy(8, costs(), prior=0.95)
+    assert good.choose() == best_k_formula(measured, good.acceptance()[0]) > 0
+    # It is evidence, not a setting: observations outweigh it.
+    for _ in range(40):
+        poor.update(4, 4)
+    assert poor.choose() > 0
+    with pytest.raises(ValueError, match="prior"):
+        DraftPolicy(8, costs(), prior=1.5)

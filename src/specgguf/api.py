@@ -9,6 +9,7 @@ they fall, EOS never printed).
 from __future__ import annotations
 
 import codecs
+import hashlib
 import json
 import os
 import platform
@@ -89,20 +90,32 @@ class SpeculativeLlama:
                     if llama_cpp.llama_vocab_is_eog(vocab, t)}
 
     def _calibration_key(self) -> str:
+        # The llama.cpp build's CPU features too: a rebuild with other flags
+        # changes every cost.
+        build = hashlib.sha256(llama_cpp.llama_print_system_info()).hexdigest()[:8]
         return "|".join(str(x) for x in (
             *(_file_id(m) for m in (self.target, self.draft)), self.names[1],
-            self.target.context_params.n_threads, platform.machine(), llama_cpp.__version__, self.K_MAX))
+            self.target.context_params.n_threads, platform.machine(), llama_cpp.__version__, build,
+            self.K_MAX))
 
     def _calibration(self) -> dict:
         """This pair's entry in ``<cache>/calibration.json`` (measured if absent)."""
         table = _read_json(_calibration_path())
         key = self._calibration_key()
-        if key not in table:
+        if "target" not in table.get(key, {}):
             costs = self.pair.calibrate(self.K_MAX)
             if self.draft is None:
                 costs.draft = 1e-5 * costs.target[0]  # a dictionary lookup
             table = _update_json(_calibration_path(), key, costs.to_dict())
+        if self.draft is not None and "acceptance" not in table[key]:
+            table = _update_json(_calibration_path(), key, {"acceptance": self.pair.measure_acceptance()})
         return table[key]
+
+    def prior_acceptance(self, greedy: bool) -> Optional[float]:
+        """The draft's acceptance measured once at calibration (greedy, or
+        sampled at temperature 0.8); None for the n-gram draft."""
+        measured = self._calibration().get("acceptance")
+        return None if not measured else float(measured["greedy" if greedy else "sampled"])
 
     def costs(self) -> CostModel:
         """This machine's forward costs for the pair: measured once, then kept in
@@ -175,19 +188,23 @@ class SpeculativeLlama:
             raise ValueError(f"the prompt has {len(ids)} tokens; the context window is {pair.n_ctx}")
         budget = min(max_tokens, room)
         if k == "auto":
+            prior = self.prior_acceptance(pair.greedy)
             if seed is None or pair.greedy:
                 # What the policy learned carries over to the next call (a chat
                 # session learns once); it refines costs from live timings.
                 if self._policy is None or self._policy.p_min_setting != p_min:
-                    self._policy = DraftPolicy(self.K_MAX, costs, online_costs=True, p_min=p_min)
-                    # What earlier runs learned of this pair's acceptance: a
-                    # prior, so a poor draft is not probed again in every process.
+                    self._policy = DraftPolicy(self.K_MAX, costs, online_costs=True, p_min=p_min,
+                                               prior=prior)
+                    # What earlier runs learned of this pair's acceptance
+                    # replaces the calibration's, so a poor draft is not
+                    # probed again in every process.
                     self._policy.load_state(self._calibration().get("learned"))
                 k = self._policy
             else:
                 # A seeded sampling run must reproduce: a fresh policy on the
-                # stored calibration, blind to the clock, every call.
-                k = DraftPolicy(self.K_MAX, costs, online_costs=False, p_min=p_min)
+                # stored calibration (costs and acceptance, both fixed once
+                # measured), blind to the clock, every call.
+                k = DraftPolicy(self.K_MAX, costs, online_costs=False, p_min=p_min, prior=prior)
         dec = SpeculativeDecoder(self.draft_step, pair.target_step, k=k, greedy=pair.greedy,
                                  generator=seed, p_min=p_min)
         out = TextStream(lambda t: self.target.detokenize([t], special=False), stops)

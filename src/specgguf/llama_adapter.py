@@ -252,6 +252,36 @@ class LlamaPair:
         self.reset()
         return CostModel(draft=draft, target=target, seconds=True)
 
+    CALIBRATION_TEXT = "Write a short essay about the history of the printing press.\n\n"
+
+    def measure_acceptance(self, n: int = 48) -> dict:
+        """The draft's per-token acceptance on a fixed text: the target's own
+        greedy continuation (``n`` tokens) of CALIBRATION_TEXT, scored by both
+        models in one batch each.
+
+        Returns ``{"greedy": agreement of the two argmaxes, "sampled": mean
+        sum(min(p, q)) at temperature 0.8 with the default warps}`` - the
+        acceptance exact verification has at those settings. Deterministic for
+        given files and build; a one-off like :meth:`calibrate`.
+        """
+        if self.draft is None:
+            raise ValueError("this pair has no draft model")
+        seq = self.target.llm.tokenize(self.CALIBRATION_TEXT.encode(), add_bos=True, special=False)
+        start = len(seq)
+        self.reset()
+        try:
+            for _ in range(n):
+                seq.append(int(np.argmax(self.target.eval(seq, 1)[0])))
+            # Row i of each predicts seq[start + i]; the last token is not scored.
+            t_logits = self.target.eval(seq[:-1], n)
+            d_logits = self.draft.eval(seq[:-1], n)
+        finally:
+            self.reset()
+        greedy = float(np.mean(np.argmax(t_logits, axis=1) == np.argmax(d_logits, axis=1)))
+        p, q = warp(t_logits, 0.8), warp(d_logits, 0.8)
+        sampled = float(np.mean(np.minimum(p, q).sum(axis=1)))
+        return {"greedy": greedy, "sampled": sampled}
+
     def target_step(self, prefix: List[int], proposed: List[int]) -> np.ndarray:
         """Score ``proposed`` in one batch: ``[len(proposed)+1, V]`` float32
         (logits when greedy, warped probabilities otherwise)."""

@@ -71,9 +71,13 @@ class DraftPolicy:
         p_min: None (no cutoff), a float, or "auto" (learned: stop drafting
             when the draft's confidence predicts an acceptance below what one
             more draft token costs).
+        prior: the draft's per-token acceptance measured beforehand (e.g. by
+            :meth:`~specgguf.llama_adapter.LlamaPair.measure_acceptance`),
+            counted as PRIOR_CAP observations; None: no prior (a uniform one).
     """
 
     PRIOR_WEIGHT = 2.0
+    PRIOR_CAP = 8.0         # a measured or stored prior counts as at most this many observations
     BINS = 10
     PROBE_K = 3             # drafts per probe: the catch-up dominates its cost, so learn more
     BASELINE_EVERY = 32     # online: one plain round this often while drafting, to re-time it
@@ -82,11 +86,14 @@ class DraftPolicy:
     IDLE_FORGET = 0.995     # per idle round, on the evidence used to rule probes out
 
     def __init__(self, k_max: int = 8, costs: Optional[CostModel] = None, *, online_costs: bool = False,
-                 decay: float = 0.95, probe_every: int = 16, p_min=None) -> None:
+                 decay: float = 0.95, probe_every: int = 16, p_min=None,
+                 prior: Optional[float] = None) -> None:
         if k_max < 1:
             raise ValueError(f"k_max must be >= 1, got {k_max}")
         if p_min is not None and p_min != "auto" and not 0.0 <= float(p_min) <= 1.0:
             raise ValueError(f"p_min must be None, 'auto' or in [0, 1], got {p_min!r}")
+        if prior is not None and not 0.0 <= float(prior) <= 1.0:
+            raise ValueError(f"prior must be None or in [0, 1], got {prior!r}")
         self.k_max = k_max
         self.costs = costs or CostModel()
         # Probes are gated on these (the calibration), not on the live
@@ -97,10 +104,12 @@ class DraftPolicy:
         self.probe_base = probe_every
         self.probe_every = probe_every
         self.p_min_setting = p_min
-        self.acc = [0.0] * k_max
-        self.tried = [0.0] * k_max
-        self.total_acc = 0.0
-        self.total_tried = 0.0
+        # A measured prior is evidence like any other, at every position (one
+        # early rejection must not outweigh it); observations decay it.
+        n = 0.0 if prior is None else self.PRIOR_CAP
+        a = 0.0 if prior is None else float(prior) * n
+        self.acc, self.tried = [a] * k_max, [n] * k_max
+        self.total_acc, self.total_tried = a, n
         self.bin_acc = [0.0] * self.BINS
         self.bin_tried = [0.0] * self.BINS
         self.zero_rounds = 0
@@ -157,8 +166,6 @@ class DraftPolicy:
         return max(rate(k) for k in range(1, self.k_max + 1)) > self.PROBE_MARGIN * rate(0)
 
     # -- what carries over between runs ---------------------------------------
-    PRIOR_CAP = 8.0  # a stored state counts as at most this many observations
-
     def state(self) -> Dict[str, object]:
         """The learned acceptance, to seed a later policy for the same pair."""
         return {"acc": list(self.acc), "tried": list(self.tried), "total_acc": self.total_acc,
