@@ -225,32 +225,38 @@ class LlamaPair:
         out_probs = None if self.greedy or not tokens else np.stack(probs)
         return tokens, out_probs, {"confidence": conf, "stop": stop}
 
-    def calibrate(self, k_max: int, reps: int = 5) -> "CostModel":
+    def calibrate(self, k_max: int, reps: int = 7) -> "CostModel":
         """Time the forwards this machine runs per round: one draft token, and
-        target batches of 1..k_max+1 tokens (medians of ``reps``). About a
-        second for a small pair; cached by the caller."""
+        target batches of 1..k_max+1 tokens (medians of ``reps``). About two
+        seconds for a small pair; cached by the caller."""
         # A context of typical length (a chat prompt and some answer), since
         # attention makes a forward's cost grow with it.
         ctx = [int(llama_cpp.llama_vocab_bos(self.target.vocab))] + [100 + i % 500 for i in range(159)]
         ctx = [t if 0 <= t < self.target.model_vocab else 0 for t in ctx]
 
-        def timed(model: LlamaModel, seq: List[int], n: int) -> float:
+        def timed(model: LlamaModel, b: int) -> float:
+            # Cuts the last b tokens back and scores them again: one forward of b.
             t0 = time.perf_counter()
-            model.eval(seq, n)
+            model.eval(ctx + [7] * b, b)
             return time.perf_counter() - t0
 
-        target = []
         self.reset()
-        self.target.eval(ctx, 1)
-        for b in range(1, k_max + 2):
-            # Each eval re-scores the last b tokens after cutting them back.
-            target.append(float(np.median([timed(self.target, ctx + [7] * (b - 1), b) for _ in range(reps)])))
-        draft = 0.0
-        if self.draft is not None:
-            self.draft.eval(ctx, 1)
-            draft = float(np.median([timed(self.draft, ctx + [7] * (i + 1), 1) for i in range(reps * 2)]))
+        models = [self.target] + ([self.draft] if self.draft is not None else [])
+        for m in models:
+            m.eval(ctx, 1)
+        # Interleaved rounds, not one block per measurement: the policy
+        # compares these costs with each other, and on a shared machine the
+        # load drifts during a calibration.
+        target: List[List[float]] = [[] for _ in range(k_max + 1)]
+        draft: List[float] = []
+        for _ in range(reps):
+            for b in range(1, k_max + 2):
+                target[b - 1].append(timed(self.target, b))
+            if self.draft is not None:
+                draft.append(timed(self.draft, 1))
         self.reset()
-        return CostModel(draft=draft, target=target, seconds=True)
+        return CostModel(draft=float(np.median(draft)) if draft else 0.0,
+                         target=[float(np.median(t)) for t in target], seconds=True)
 
     CALIBRATION_TEXT = "Write a short essay about the history of the printing press.\n\n"
 
