@@ -171,3 +171,25 @@ def test_a_measured_prior_decides_the_first_rounds():
     assert poor.choose() > 0
     with pytest.raises(ValueError, match="prior"):
         DraftPolicy(8, costs(), prior=1.5)
+
+
+def test_no_probe_whose_catch_up_costs_more_than_it_could_save():
+    # Plain decoding chosen (acceptance 0.5 cannot pay at compute-bound costs),
+    # but an excellent draft could: a probe is worth it when enough tokens remain.
+    costs = CostModel(draft=0.55, target=list(COMPUTE_BOUND.target), draft_prefill=0.2)
+    policy = DraftPolicy(8, costs)
+    assert policy.best_k() == 0 and policy.could_pay()
+    acc = [policy.optimistic_acceptance()] * 8
+    best = max(policy.rate(k, acc) for k in range(1, 9))
+    per_token = 1.0 / policy.rate(0) - 1.0 / best  # the most a probe could save per token
+    skipped = 400  # a long prompt the draft has not seen
+    break_even = skipped * costs.draft_prefill / per_token
+    assert not policy.could_pay(remaining=int(break_even * 0.9), skipped=skipped)
+    assert policy.could_pay(remaining=int(break_even * 1.1) + 1, skipped=skipped)
+    # Through choose(): on schedule, the probe runs only where it could pay back.
+    ks = [policy.choose(remaining=10, skipped=skipped) for _ in range(100)]
+    assert ks == [0] * 100
+    assert policy.choose(remaining=100000, skipped=skipped) == DraftPolicy.PROBE_K
+    # The catch-up cost round-trips with a stored calibration (older files: half a draft token).
+    assert CostModel.from_dict(costs.to_dict()) == costs
+    assert CostModel.from_dict({"draft": 0.4, "target": [1.0]}).draft_prefill == 0.2

@@ -102,10 +102,11 @@ class SpeculativeLlama:
         """This pair's entry in ``<cache>/calibration.json`` (measured if absent)."""
         table = _read_json(_calibration_path())
         key = self._calibration_key()
-        if "target" not in table.get(key, {}):
+        if "draft_prefill" not in table.get(key, {}):  # none yet, or from an older version
             costs = self.pair.calibrate(self.K_MAX)
             if self.draft is None:
                 costs.draft = 1e-5 * costs.target[0]  # a dictionary lookup
+                costs.draft_prefill = 0.0
             table = _update_json(_calibration_path(), key, costs.to_dict())
         if self.draft is not None and "acceptance" not in table[key]:
             table = _update_json(_calibration_path(), key, {"acceptance": self.pair.measure_acceptance()})

@@ -181,12 +181,16 @@ class SpeculativeDecoder:
         max_new = _check_count("max_new", max_new, 0)
         stops = frozenset(int(t) for t in stop_tokens)
         self.stats = stats = DecoderStats()
+        seen = 0  # how much of prefix the draft has been shown (it catches up on the rest)
         while stats.emitted < max_new:
             # A round emits up to k+1 tokens: never draft past max_new.
-            want = self.policy.choose() if self.policy else self.k
+            want = (self.policy.choose(max_new - stats.emitted, len(prefix) - seen) if self.policy
+                    else self.k)
             k = min(want, max_new - stats.emitted - 1)
             t0 = time.perf_counter()
             tokens, probs, info = self._draft(prefix, k)
+            if k > 0:
+                seen = len(prefix)
             t1 = time.perf_counter()
             target = self.target_step(list(prefix), list(tokens))
             t2 = time.perf_counter()

@@ -249,14 +249,20 @@ class LlamaPair:
         # load drifts during a calibration.
         target: List[List[float]] = [[] for _ in range(k_max + 1)]
         draft: List[float] = []
+        prefill: List[float] = []
         for _ in range(reps):
             for b in range(1, k_max + 2):
                 target[b - 1].append(timed(self.target, b))
             if self.draft is not None:
                 draft.append(timed(self.draft, 1))
+                # Catching up on 32 skipped tokens (8s: cut back to ctx first).
+                t0 = time.perf_counter()
+                self.draft.eval(ctx + [8] * 32, 1)
+                prefill.append((time.perf_counter() - t0) / 32)
         self.reset()
-        return CostModel(draft=float(np.median(draft)) if draft else 0.0,
-                         target=[float(np.median(t)) for t in target], seconds=True)
+        med = lambda xs: float(np.median(xs)) if xs else 0.0
+        return CostModel(draft=med(draft), target=[med(t) for t in target], seconds=True,
+                         draft_prefill=med(prefill))
 
     CALIBRATION_TEXT = "Write a short essay about the history of the printing press.\n\n"
 

@@ -34,12 +34,15 @@ class CostModel:
 
     ``draft``: one draft token. ``target[b - 1]``: one target forward over b
     tokens, for b = 1..len(target); longer batches extrapolate linearly.
+    ``draft_prefill``: per token, the draft catching up on tokens it skipped
+    (one batched forward; what a probe pays first after K = 0 rounds).
     ``seconds``: the unit is seconds (a calibration), not relative (defaults).
     """
 
     draft: float = 0.3
     target: List[float] = field(default_factory=lambda: [1.0 + 0.15 * b for b in range(9)])
     seconds: bool = False
+    draft_prefill: float = 0.1
 
     def target_cost(self, b: int) -> float:
         t = self.target
@@ -54,7 +57,8 @@ class CostModel:
     @classmethod
     def from_dict(cls, d: dict) -> "CostModel":
         return cls(draft=float(d["draft"]), target=[float(x) for x in d["target"]],
-                   seconds=bool(d.get("seconds", True)))
+                   seconds=bool(d.get("seconds", True)),
+                   draft_prefill=float(d.get("draft_prefill", 0.5 * float(d["draft"]))))
 
 
 class DraftPolicy:
@@ -158,12 +162,21 @@ class DraftPolicy:
         g = (self.total_acc * f + 1.0) / (n + 2.0)
         return min(0.99, g + (g * (1.0 - g) / (n + 1.0)) ** 0.5)
 
-    def could_pay(self) -> bool:
+    def could_pay(self, remaining: Optional[int] = None, skipped: int = 0) -> bool:
         """Whether, at the calibrated costs and the optimistic acceptance, some
-        K beats plain decoding by PROBE_MARGIN."""
+        K beats plain decoding by PROBE_MARGIN - and, given ``remaining``
+        tokens still to generate, could save more on them than the probe's
+        catch-up over ``skipped`` tokens costs (a long prompt near the end of
+        a short answer is not worth it)."""
         acc = [self.optimistic_acceptance()] * self.k_max
         rate = lambda k: self.rate(k, acc, self.calibrated)
-        return max(rate(k) for k in range(1, self.k_max + 1)) > self.PROBE_MARGIN * rate(0)
+        best = max(rate(k) for k in range(1, self.k_max + 1))
+        if best <= self.PROBE_MARGIN * rate(0):
+            return False
+        if remaining is None:
+            return True
+        saving = remaining * (1.0 / rate(0) - 1.0 / best)  # cost units, at best
+        return saving > skipped * self.calibrated.draft_prefill
 
     # -- what carries over between runs ---------------------------------------
     def state(self) -> Dict[str, object]:
@@ -188,14 +201,16 @@ class DraftPolicy:
         self.total_acc, self.total_tried = total_acc, tried * f
 
     # -- the per-round calls ---------------------------------------------------
-    def choose(self) -> int:
-        """K for the next round."""
+    def choose(self, remaining: Optional[int] = None, skipped: int = 0) -> int:
+        """K for the next round; ``remaining``: tokens left to generate (None:
+        unknown), ``skipped``: tokens the draft has not seen (what a probe
+        would first catch up on)."""
         k = self.best_k()
         self.probing = False
         if k == 0:
             self.zero_rounds += 1
             self.idle_rounds += 1
-            if self.zero_rounds >= self.probe_every and self.could_pay():
+            if self.zero_rounds >= self.probe_every and self.could_pay(remaining, skipped):
                 self.zero_rounds = 0
                 self.probing = True
                 k = min(self.PROBE_K, self.k_max)
