@@ -3,7 +3,7 @@
 Benchmark only (never run by CI, nothing built is committed): the tool is
 built from the llama.cpp tree vendored in the llama-cpp-python sdist pinned
 by scripts/setup.sh, into ~/.cache/specgguf/llama-cpp-tools (a few minutes,
-once), with the same portable x86 flags as our llama-cpp-python build. Then
+once), with the CPU flags of the installed llama-cpp-python build. Then
 for each prompt: llama-speculative-simple at K = 4, greedy and temperature 0.8
 (it verifies by sample-and-compare), and specgguf target-only, K = 4 and
 k=auto with the same settings, in one run. Usage:
@@ -14,6 +14,7 @@ k=auto with the same settings, in one run. Usage:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import platform
 import re
@@ -33,13 +34,26 @@ PROMPTS = [
     "Explain, step by step, how a bicycle stays upright while moving.",
     "Write a short story about a robot who learns to paint.",
 ]
-FLAGS = ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
-         "-DGGML_BMI2=ON"] if platform.machine() in ("x86_64", "AMD64") else ["-DGGML_NATIVE=ON"]
+X86_FEATURES = ["AVX", "AVX2", "FMA", "F16C", "BMI2", "AVX_VNNI", "AVX512", "AVX512_VBMI", "AVX512_VNNI",
+                "AVX512_BF16"]
+
+
+def build_flags() -> list:
+    """The CPU flags of the installed llama-cpp-python build (as scripts/setup.sh
+    chose them), read back from llama.cpp's own system info."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return ["-DGGML_NATIVE=ON"]
+    have = set(re.findall(r"(\w+) = 1", llama_cpp.llama_print_system_info().decode()))
+    return ["-DGGML_NATIVE=OFF"] + [f"-DGGML_{f}=ON" for f in X86_FEATURES if f in have]
+
+
+FLAGS = build_flags()
 
 
 def build_tool() -> Path:
     version = llama_cpp.__version__
-    root = Path.home() / ".cache" / "specgguf" / "llama-cpp-tools" / version
+    key = hashlib.sha256(" ".join(FLAGS).encode()).hexdigest()[:8]
+    root = Path.home() / ".cache" / "specgguf" / "llama-cpp-tools" / f"{version}-{key}"
     exe = root / "build" / "bin" / "llama-speculative-simple"
     if exe.exists():
         return exe
