@@ -324,3 +324,19 @@ def test_calibration_measures_the_drafts_acceptance(target, draft, poor_draft):
     s = SpeculativeLlama(target, poor_draft)
     assert s.prior_acceptance(greedy=False) == s._calibration()["acceptance"]["sampled"]
     assert SpeculativeLlama(target, "ngram").prior_acceptance(greedy=True) is None
+
+
+def test_first_run_calibrates_before_its_settings(tmp_path, monkeypatch, target, poor_draft):
+    """The run that measures the calibration (no stored one) samples as asked
+    and gives the text later runs with the same seed give: the measurement
+    happens before the run's settings are made, never in its middle."""
+    monkeypatch.setenv("SPECGGUF_CACHE", str(tmp_path))
+    s = SpeculativeLlama(target, poor_draft)
+    m = msgs(PROMPTS[1])
+    first = s.generate(m, chat=True, max_tokens=24, temperature=1.0, seed=5, k="auto")
+    assert (tmp_path / "calibration.json").exists()
+    again = SpeculativeLlama(target, poor_draft).generate(m, chat=True, max_tokens=24, temperature=1.0,
+                                                        seed=5, k="auto")
+    assert first.tokens == again.tokens
+    greedy = s.generate(m, chat=True, max_tokens=24, k=0)
+    assert first.tokens != greedy.tokens  # it sampled: temperature 1 leaves the greedy path in 24 tokens

@@ -68,6 +68,7 @@ class SpeculativeLlama:
     """
 
     K_MAX = 8  # the largest draft length k="auto" considers
+    CALIBRATION_VERSION = 2  # bumped when what calibrate() measures changes
 
     def __init__(self, target: ModelLike, draft: ModelLike, *, ngram: bool = False, n_ctx: int = 2048,
                  n_threads: Optional[int] = None, verbose: bool = False) -> None:
@@ -83,7 +84,7 @@ class SpeculativeLlama:
             self.draft_step = FallbackDraft(NgramDraft(n_min=3).draft_step, self.pair.draft_step).draft_step
         else:
             self.draft_step = self.pair.draft_step
-        self._costs: Optional[CostModel] = None
+        self._entry: Optional[dict] = None  # this pair's calibration, read or measured once
         self._policy: Optional[DraftPolicy] = None
         vocab = llama_cpp.llama_model_get_vocab(self.target.model)
         self.eog = {t for t in range(llama_cpp.llama_vocab_n_tokens(vocab))
@@ -96,13 +97,17 @@ class SpeculativeLlama:
         return "|".join(str(x) for x in (
             *(_file_id(m) for m in (self.target, self.draft)), self.names[1],
             self.target.context_params.n_threads, platform.machine(), llama_cpp.__version__, build,
-            self.K_MAX))
+            self.K_MAX, f"v{self.CALIBRATION_VERSION}"))
 
     def _calibration(self) -> dict:
-        """This pair's entry in ``<cache>/calibration.json`` (measured if absent)."""
+        """This pair's entry in ``<cache>/calibration.json`` (measured if absent),
+        read once per object: a run never re-measures in its middle, and keeps
+        its fixed values whatever other processes write."""
+        if self._entry is not None:
+            return self._entry
         table = _read_json(_calibration_path())
         key = self._calibration_key()
-        if "draft_prefill" not in table.get(key, {}):  # none yet, or from an older version
+        if "target" not in table.get(key, {}):
             costs = self.pair.calibrate(self.K_MAX)
             if self.draft is None:
                 costs.draft = 1e-5 * costs.target[0]  # a dictionary lookup
@@ -110,7 +115,8 @@ class SpeculativeLlama:
             table = _update_json(_calibration_path(), key, costs.to_dict())
         if self.draft is not None and "acceptance" not in table[key]:
             table = _update_json(_calibration_path(), key, {"acceptance": self.pair.measure_acceptance()})
-        return table[key]
+        self._entry = table[key]
+        return self._entry
 
     def prior_acceptance(self, greedy: bool) -> Optional[float]:
         """The draft's acceptance measured once at calibration (greedy, or
@@ -122,9 +128,7 @@ class SpeculativeLlama:
         """This machine's forward costs for the pair: measured once, then kept in
         ``<cache>/calibration.json`` so later runs (seeded ones above all) use
         the same fixed values."""
-        if self._costs is None:
-            self._costs = CostModel.from_dict(self._calibration())
-        return CostModel.from_dict(self._costs.to_dict())  # a copy: policies refine their own
+        return CostModel.from_dict(self._calibration())  # a new copy: policies refine their own
 
     def tokenize(self, prompt: Union[str, Sequence[int]], chat: bool = False) -> List[int]:
         """Prompt ids: a string through the target's tokenizer, chat messages
@@ -179,7 +183,9 @@ class SpeculativeLlama:
         ids = self.tokenize(prompt, chat)
         if not ids:
             raise ValueError("the prompt is empty")
-        costs = self.costs() if k == "auto" else None  # a first-time calibration runs here
+        # A first-time calibration runs here, before this run's settings are made.
+        costs = self.costs() if k == "auto" else None
+        prior = self.prior_acceptance(temperature == 0) if k == "auto" else None
         pair = self.pair
         pair.reset()  # the Llama objects may have been used on their own since the last run
         pair.configure(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
@@ -189,7 +195,6 @@ class SpeculativeLlama:
             raise ValueError(f"the prompt has {len(ids)} tokens; the context window is {pair.n_ctx}")
         budget = min(max_tokens, room)
         if k == "auto":
-            prior = self.prior_acceptance(pair.greedy)
             if seed is None or pair.greedy:
                 # What the policy learned carries over to the next call (a chat
                 # session learns once); it refines costs from live timings.
@@ -231,7 +236,8 @@ class SpeculativeLlama:
             yield rest
         seconds = time.perf_counter() - t0
         if dec.policy is not None and dec.policy is self._policy:
-            _update_json(_calibration_path(), self._calibration_key(), {"learned": self._policy.state()})
+            self._entry = _update_json(_calibration_path(), self._calibration_key(),
+                                       {"learned": self._policy.state()})[self._calibration_key()]
         text = out.text
         stats = dec.stats.as_dict()
         forwards = sum(m.seconds for m in pair.models)
