@@ -3,7 +3,8 @@
 For each configuration, over the same prompts: tokens/s, the ratio to
 target-only decoding measured beside it (each generation paired with a
 target-only one on the same prompt, just before or after: the column
-"base"), acceptance rate, mean accepted
+"base"; "median" is the median of the per-generation ratios, which one
+slow moment moves less), acceptance rate, mean accepted
 length, where the time went (draft and target callbacks, the verification
 op, warping, and everything outside the two models' forwards), and the K
 chosen. Configurations: k="auto" and fixed K in {1, 2, 4, 8}, a good and a
@@ -22,6 +23,7 @@ import resource
 import time
 
 import llama_cpp
+import numpy as np
 
 from specgguf import models
 from specgguf.api import SpeculativeLlama
@@ -77,13 +79,18 @@ def run(spec, prompts_ids, n, base=None, reps=1, **kw):
     minutes earlier.
     """
     agg, base_agg = empty(), empty()
+    agg["pair_ratios"] = []
     for i, ids in enumerate(prompts_ids * reps):
         plain = dict(kw, k=0)
         if base is not None and i % 2 == 0:
-            add(base_agg, base.generate(ids, max_tokens=n, **plain))
-        add(agg, spec.generate(ids, max_tokens=n, **kw))
+            b = base.generate(ids, max_tokens=n, **plain)
+        res = spec.generate(ids, max_tokens=n, **kw)
         if base is not None and i % 2 == 1:
-            add(base_agg, base.generate(ids, max_tokens=n, **plain))
+            b = base.generate(ids, max_tokens=n, **plain)
+        add(agg, res)
+        if base is not None:
+            add(base_agg, b)
+            agg["pair_ratios"].append(res.stats["tokens_per_second"] / b.stats["tokens_per_second"])
     return agg, base_agg
 
 
@@ -99,13 +106,14 @@ def row(name, r, base):
     acc = r["accepted"] / r["drafted"] if r["drafted"] else 0.0
     pct = lambda key: 100 * r[key] / r["seconds"]
     top_k = sorted(r["k_hist"].items(), key=lambda kv: -kv[1])[:3]
-    print(f"{name:<28} {tps:>6.1f} {base_tps:>6.1f} {tps / base_tps:>5.2f}x {acc:>6.2f} "
+    med = float(np.median(r["pair_ratios"])) if r.get("pair_ratios") else 1.0
+    print(f"{name:<28} {tps:>6.1f} {base_tps:>6.1f} {tps / base_tps:>5.2f}x {med:>5.2f}x {acc:>6.2f} "
           f"{r['accepted'] / r['rounds']:>6.2f} "
           f"{pct('draft_seconds'):>6.1f} {pct('target_seconds'):>7.1f} {pct('verify_seconds'):>7.2f} "
           f"{pct('warp_seconds'):>5.1f} {pct('overhead_seconds'):>6.1f}  {top_k}", flush=True)
 
 
-HEADER = (f"{'configuration':<28} {'tok/s':>6} {'base':>6} {'ratio':>6} {'accept':>6} {'m.acc':>6} {'draft%':>6} "
+HEADER = (f"{'configuration':<28} {'tok/s':>6} {'base':>6} {'ratio':>6} {'median':>6} {'accept':>6} {'m.acc':>6} {'draft%':>6} "
           f"{'target%':>7} {'verify%':>7} {'warp%':>5} {'outside%':>6}  most chosen K (K: rounds)")
 
 COPY_PROMPT = ("Rewrite this Python function with the variable names `data` -> `values` and `total` -> "
