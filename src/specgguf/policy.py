@@ -16,7 +16,10 @@ becomes good again is noticed - but only while the draft could still pay:
 at the calibrated costs and an optimistic acceptance (the upper end of what
 the counts allow, widening again as idle rounds pass) it must beat plain
 decoding by 5%. A probe is not free: the draft first catches up on every
-token it skipped, which is why a draft known to be poor is not probed often.
+token it skipped, which is why a draft known to be poor is not probed often,
+and no probe runs when the tokens left to generate could not repay that.
+A measured acceptance (the calibration's) can start the counts, so a
+poor draft is known as such from the first round.
 
 Reproducibility: with ``online_costs=False`` nothing here depends on the clock,
 so a seeded run makes the same choices (and draws the same randoms) every time.
