@@ -150,7 +150,7 @@ def main():
               f"draft {c.draft * 1e3:.1f} ms/token, greedy acceptance {acc:.2f}; the formula's best "
               f"speedup at these costs: {ceiling(c, acc):.2f}x (at acceptance 1: {ceiling(c, 1.0):.2f}x)")
     print(f"target {tname}; good draft {good}; poor draft {poor}; {args.threads} threads; "
-          f"{len(ids)} prompts x {n} tokens; ratios against paired target-only runs")
+          f"{len(ids)} prompts x {n} tokens x {args.reps} reps; ratios against paired target-only runs")
     print(f"llama-cpp-python Llama.generate greedy, target only: "
           f"{llama_generate_baseline(target, ids, n):.1f} tok/s")
     ks = ["auto", 2, 4] if args.quick else ["auto", 1, 2, 4, 8]

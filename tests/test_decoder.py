@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import specgguf
+from specgguf.policy import DraftPolicy
 
 V = 64
 
@@ -107,3 +108,37 @@ def test_callback_errors_are_clear():
         specgguf.SpeculativeDecoder(good_draft, target_step).generate([1], -1)
     with pytest.raises(TypeError, match="generator"):
         specgguf.SpeculativeDecoder(good_draft, target_step, generator="seed")
+
+
+def test_policy_is_told_what_remains_and_what_the_draft_has_not_seen():
+    """The draft catches up on tokens it skipped; the policy weighs that
+    against what is left, so the decoder must report both exactly."""
+    schedule = [4, 4, 0, 0, 4, 3, 0, 2]
+
+    class Recording(DraftPolicy):
+        def __init__(self):
+            super().__init__(8)
+            self.calls, self.rounds = [], []
+
+        def choose(self, remaining=None, skipped=0):
+            k = schedule[len(self.calls) % len(schedule)]
+            self.calls.append((remaining, skipped))
+            return k
+
+        def update(self, drafted, accepted, *args):
+            self.rounds.append((drafted, accepted))
+
+    prompt = [1, 2, 3, 4, 5, 6, 7]
+    policy = Recording()
+    dec = specgguf.SpeculativeDecoder(make_draft(0.6), target_step, k=policy, greedy=True)
+    assert dec.generate(prompt, max_new=30) == plain_greedy(prompt, 30)
+    emitted, seen = 0, 0
+    for (remaining, skipped), (k, n) in zip(policy.calls, policy.rounds):
+        assert remaining == 30 - emitted
+        assert skipped == len(prompt) + emitted - seen
+        if k > 0:  # it evaluated prefix + its first k - 1 proposals; the kept ones stay valid
+            seen = len(prompt) + emitted + min(n, k - 1)
+        emitted += n + 1
+    assert policy.calls[0][1] == len(prompt)  # the first round: the whole prompt is unseen
+    assert policy.calls[1][1] in (1, 2)       # right after a drafting round
+    assert policy.calls[4][1] >= 3            # after two plain rounds the lag has grown

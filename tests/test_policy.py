@@ -193,3 +193,20 @@ def test_no_probe_whose_catch_up_costs_more_than_it_could_save():
     # The catch-up cost round-trips with a stored calibration (older files: half a draft token).
     assert CostModel.from_dict(costs.to_dict()) == costs
     assert CostModel.from_dict({"draft": 0.4, "target": [1.0]}).draft_prefill == 0.2
+
+
+def test_no_drafting_whose_catch_up_cannot_be_won_back():
+    # A good draft on a memory-bound board: drafting pays, by this much per token.
+    policy = DraftPolicy(8, CostModel.from_dict(CHEAP_BATCH.to_dict()), prior=0.9)
+    k = policy.best_k()
+    assert k > 0
+    per_token = 1.0 / policy.rate(0) - 1.0 / policy.rate(k)
+    # A long prompt the draft has not seen, and a few tokens left: plain decoding.
+    skipped = 2 + 500
+    few = int(500 * CHEAP_BATCH.draft_prefill / per_token * 0.9)
+    assert policy.choose(remaining=few, skipped=skipped) == 0
+    # Enough tokens left to repay the catch-up: draft.
+    assert policy.choose(remaining=int(few / 0.9 * 1.1) + 1, skipped=skipped) == k
+    # The usual lag of a drafting round (up to 2 tokens) is part of the draft's cost.
+    assert policy.choose(remaining=1, skipped=2) == k
+    assert policy.choose() == k  # nothing known about the run: the formula alone

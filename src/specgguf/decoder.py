@@ -181,7 +181,7 @@ class SpeculativeDecoder:
         max_new = _check_count("max_new", max_new, 0)
         stops = frozenset(int(t) for t in stop_tokens)
         self.stats = stats = DecoderStats()
-        seen = 0  # how much of prefix the draft has been shown (it catches up on the rest)
+        seen = 0  # how much of prefix the draft has evaluated (it catches up on the rest)
         while stats.emitted < max_new:
             # A round emits up to k+1 tokens: never draft past max_new.
             want = (self.policy.choose(max_new - stats.emitted, len(prefix) - seen) if self.policy
@@ -189,8 +189,6 @@ class SpeculativeDecoder:
             k = min(want, max_new - stats.emitted - 1)
             t0 = time.perf_counter()
             tokens, probs, info = self._draft(prefix, k)
-            if k > 0:
-                seen = len(prefix)
             t1 = time.perf_counter()
             target = self.target_step(list(prefix), list(tokens))
             t2 = time.perf_counter()
@@ -216,6 +214,8 @@ class SpeculativeDecoder:
                 timed = stats.rounds > 1
                 self.policy.update(len(tokens), n, info.get("confidence"),
                                    (t1 - t0) if timed else None, (t2 - t1) if timed else None)
+            if k > 0:  # the draft evaluated prefix + tokens[:-1]; what was kept stays valid
+                seen = len(prefix) + max(0, min(n, len(tokens) - 1))
             for t in tokens[:n] + [nxt]:
                 prefix.append(t)
                 stats.emitted += 1

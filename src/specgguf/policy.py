@@ -173,13 +173,23 @@ class DraftPolicy:
         a short answer is not worth it)."""
         acc = [self.optimistic_acceptance()] * self.k_max
         rate = lambda k: self.rate(k, acc, self.calibrated)
-        best = max(rate(k) for k in range(1, self.k_max + 1))
-        if best <= self.PROBE_MARGIN * rate(0):
+        best = max(range(1, self.k_max + 1), key=rate)
+        if rate(best) <= self.PROBE_MARGIN * rate(0):
             return False
-        if remaining is None:
+        return self.repays(best, remaining, skipped, acc, self.calibrated)
+
+    def repays(self, k: int, remaining: Optional[int], skipped: int,
+               acc: Optional[Sequence[float]] = None, costs: Optional[CostModel] = None) -> bool:
+        """Whether drafting k per round over the ``remaining`` tokens is expected
+        to save more than the draft's catch-up on ``skipped`` unseen tokens
+        costs (a long prompt before a short answer may not be worth it). The
+        last 2 do not count: every drafting round catches up on that many,
+        and the draft's calibrated cost includes it."""
+        if remaining is None or skipped <= 2:
             return True
-        saving = remaining * (1.0 / rate(0) - 1.0 / best)  # cost units, at best
-        return saving > skipped * self.calibrated.draft_prefill
+        c = costs or self.costs
+        saving = remaining * (1.0 / self.rate(0, acc, c) - 1.0 / self.rate(k, acc, c))
+        return saving > (skipped - 2) * c.draft_prefill
 
     # -- what carries over between runs ---------------------------------------
     def state(self) -> Dict[str, object]:
@@ -209,6 +219,8 @@ class DraftPolicy:
         unknown), ``skipped``: tokens the draft has not seen (what a probe
         would first catch up on)."""
         k = self.best_k()
+        if k and not self.repays(k, remaining, skipped):
+            k = 0  # the draft's catch-up would cost more than it could win back
         self.probing = False
         if k == 0:
             self.zero_rounds += 1
