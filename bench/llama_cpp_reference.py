@@ -18,10 +18,11 @@ import hashlib
 import os
 import platform
 import re
+import shutil
 import subprocess
-import sys
 import tarfile
 import tempfile
+import urllib.request
 from pathlib import Path
 
 import llama_cpp
@@ -50,6 +51,26 @@ def build_flags() -> list:
 FLAGS = build_flags()
 
 
+def fetch_sdist(version: str, into: Path) -> Path:
+    """The llama-cpp-python sdist from PyPI's simple index, checked against the
+    sha256 the index gives. (Not `pip download`: it prepares the package's
+    metadata, which needs its build backend, or with build isolation a CMake
+    built from source.)"""
+    name = f"llama_cpp_python-{version}.tar.gz"
+    with urllib.request.urlopen("https://pypi.org/simple/llama-cpp-python/") as r:
+        index = r.read().decode()
+    m = re.search(r'href="([^"#]*/' + re.escape(name) + r')#sha256=([0-9a-f]{64})"', index)
+    if not m:
+        raise RuntimeError(f"{name} is not on PyPI's simple index")
+    path = into / name
+    with urllib.request.urlopen(m.group(1)) as r, open(path, "wb") as out:
+        shutil.copyfileobj(r, out)
+    with open(path, "rb") as f:
+        if hashlib.file_digest(f, "sha256").hexdigest() != m.group(2):
+            raise RuntimeError(f"{name} does not match the index's sha256")
+    return path
+
+
 def build_tool() -> Path:
     version = llama_cpp.__version__
     key = hashlib.sha256(" ".join(FLAGS).encode()).hexdigest()[:8]
@@ -59,11 +80,7 @@ def build_tool() -> Path:
         return exe
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as d:
-        # --no-build-isolation: with isolation pip would build CMake from source
-        # just to read the sdist's metadata.
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-build-isolation",
-                        "--no-binary", ":all:", f"llama-cpp-python=={version}", "-d", d], check=True)
-        sdist = next(Path(d).glob("*.tar.gz"))
+        sdist = fetch_sdist(version, Path(d))
         with tarfile.open(sdist) as tar:
             tar.extractall(d, filter="data")
         src = next(Path(d).glob("llama_cpp_python-*")) / "vendor" / "llama.cpp"
