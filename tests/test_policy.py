@@ -133,6 +133,18 @@ def test_learned_state_carries_over_as_a_weak_prior():
     assert fresh.acceptance()[0] < 0.5 and not fresh.could_pay()  # knows the draft is poor
     fresh.load_state({"acc": "damaged"})  # an unreadable state is ignored
     fresh.load_state(None)
+    assert fresh.total_tried == pytest.approx(DraftPolicy.PRIOR_CAP)
+    # With a measured prior the stored state adds to it: positions the stored
+    # state barely saw keep the measurement instead of a shrunken guess.
+    good = DraftPolicy(8, CostModel.from_dict(CHEAP_BATCH.to_dict()), prior=0.95)
+    sparse = {"acc": [3.0, 2.0, 0.0] + [0.0] * 5, "tried": [3.0, 3.0, 1.0] + [0.0] * 5,
+              "total_acc": 5.0, "total_tried": 7.0}  # one early rejection, nothing deeper
+    good.load_state(sparse)
+    assert good.total_tried == pytest.approx(DraftPolicy.PRIOR_CAP + 7.0)
+    assert all(a > 0.85 for a in good.acceptance()[3:])
+    alone = DraftPolicy(8, CostModel.from_dict(CHEAP_BATCH.to_dict()))
+    alone.load_state(sparse)
+    assert alone.acceptance()[2] < 0.6  # what replacing the prior would have believed
 
 
 def test_online_policy_re_times_plain_decoding_while_drafting():

@@ -202,7 +202,7 @@ class SpeculativeLlama:
                     self._policy = DraftPolicy(self.K_MAX, costs, online_costs=True, p_min=p_min,
                                                prior=prior)
                     # What earlier runs learned of this pair's acceptance
-                    # replaces the calibration's, so a poor draft is not
+                    # adds to the calibration's, so a poor draft is not
                     # probed again in every process.
                     self._policy.load_state(self._calibration().get("learned"))
                 k = self._policy

@@ -198,7 +198,13 @@ class DraftPolicy:
                 "total_tried": self.total_tried}
 
     def load_state(self, state: Optional[Dict[str, object]]) -> None:
-        """Start from a stored :meth:`state`, scaled down to a weak prior."""
+        """Add a stored :meth:`state`, scaled down to at most PRIOR_CAP
+        observations, to what the policy holds (its measured prior, if any).
+
+        Added, not substituted: a stored state has few observations at the
+        deeper positions (often none), and a policy that decodes plainly never
+        adds more, so alone it could keep a good draft's estimate low for good
+        - the measured prior fills those positions."""
         if not state:
             return
         try:
@@ -209,9 +215,11 @@ class DraftPolicy:
             total_acc = float(state["total_acc"]) * f
         except (KeyError, TypeError, ValueError):
             return  # an old or damaged file: learn from scratch
-        n = len(acc)
-        self.acc[:n], self.tried[:n] = acc, tr
-        self.total_acc, self.total_tried = total_acc, tried * f
+        for i in range(len(acc)):
+            self.acc[i] += acc[i]
+            self.tried[i] += tr[i]
+        self.total_acc += total_acc
+        self.total_tried += tried * f
 
     # -- the per-round calls ---------------------------------------------------
     def choose(self, remaining: Optional[int] = None, skipped: int = 0) -> int:
