@@ -340,3 +340,20 @@ def test_first_run_calibrates_before_its_settings(tmp_path, monkeypatch, target,
     assert first.tokens == again.tokens
     greedy = s.generate(m, chat=True, max_tokens=24, k=0)
     assert first.tokens != greedy.tokens  # it sampled: temperature 1 leaves the greedy path in 24 tokens
+
+
+def test_auto_k_skips_a_draft_that_could_not_repay_its_prompt_prefill(target, draft):
+    """A long prompt and a 6-token answer: whatever this machine's costs, the
+    draft's prefill of the prompt costs more than drafting could save on 6
+    tokens, so k="auto" decodes plainly and the draft never runs - and the
+    output is still the target's greedy output."""
+    s = SpeculativeLlama(target, draft)
+    long_prompt = " ".join(["The printing press changed how books were made."] * 40)
+    ids = s.tokenize(long_prompt)
+    assert len(ids) > 300
+    res = s.generate(ids, max_tokens=6, k="auto")
+    assert res.stats["k_hist"] == {0: res.stats["rounds"]}
+    assert s.pair.draft.seconds == 0.0  # not one draft forward
+    assert res.tokens == plain_greedy(target, ids, len(res.tokens))
+    costs = s.costs()
+    assert costs.draft_prefill > 0 and costs.draft > costs.draft_prefill  # batching pays per token
