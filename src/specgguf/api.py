@@ -236,8 +236,8 @@ class SpeculativeLlama:
             yield rest
         seconds = time.perf_counter() - t0
         if dec.policy is not None and dec.policy is self._policy:
-            self._entry = _update_json(_calibration_path(), self._calibration_key(),
-                                       {"learned": self._policy.state()})[self._calibration_key()]
+            key = self._calibration_key()
+            self._entry = _update_json(_calibration_path(), key, {"learned": self._policy.state()})[key]
         text = out.text
         stats = dec.stats.as_dict()
         forwards = sum(m.seconds for m in pair.models)

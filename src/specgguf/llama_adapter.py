@@ -290,12 +290,12 @@ class LlamaPair:
         if self.draft is None:
             raise ValueError("this pair has no draft model")
         seq = self.target.llm.tokenize(self.CALIBRATION_TEXT.encode(), add_bos=True, special=False)
-        start = len(seq)
         self.reset()
         try:
             for _ in range(n):
                 seq.append(int(np.argmax(self.target.eval(seq, 1)[0])))
-            # Row i of each predicts seq[start + i]; the last token is not scored.
+            # Row i of each predicts generated token i (the last token itself
+            # is never an input).
             t_logits = self.target.eval(seq[:-1], n)
             d_logits = self.draft.eval(seq[:-1], n)
         finally:
