@@ -324,6 +324,8 @@ def test_calibration_measures_the_drafts_acceptance(target, draft, poor_draft):
     s = SpeculativeLlama(target, poor_draft)
     assert s.prior_acceptance(greedy=False) == s._calibration()["acceptance"]["sampled"]
     assert SpeculativeLlama(target, "ngram").prior_acceptance(greedy=True) is None
+    with pytest.raises(ValueError, match="no draft model"):
+        LlamaPair(target, None).measure_acceptance()
 
 
 def test_first_run_calibrates_before_its_settings(tmp_path, monkeypatch, target, poor_draft):
