@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -17,7 +18,7 @@ using namespace specgguf;
 
 namespace {
 
-const Kernels* g_kernel = nullptr;
+std::atomic<const Kernels*> g_kernel{nullptr};  // process-wide; set_kernel may race a running op
 
 std::vector<const Kernels*> all_kernels() {
     const Kernels* ks[8];
@@ -68,13 +69,13 @@ py::array_t<float> as_matrix(py::handle obj, const char* name, std::size_t rows,
     return py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(a);
 }
 
-py::array_t<std::int64_t> as_tokens(py::handle obj) {
-    py::array a = as_array(obj, "draft_tokens");
+py::array_t<std::int64_t> as_tokens(py::handle obj, const std::string& name = "draft_tokens") {
+    py::array a = as_array(obj, name.c_str());
     if (a.ndim() != 1)
-        throw py::value_error("draft_tokens must be 1-D [K], got shape " + shape_str(a));
+        throw py::value_error(name + " must be 1-D [K], got shape " + shape_str(a));
     char kind = a.dtype().kind();
     if (a.size() > 0 && kind != 'i' && kind != 'u')
-        throw py::type_error("draft_tokens must be integer token ids, got dtype " +
+        throw py::type_error(name + " must be integer token ids, got dtype " +
                              std::string(py::str(a.dtype())));
     return py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>::ensure(a);
 }
@@ -112,9 +113,9 @@ py::tuple py_verify_greedy(py::handle target_probs, py::handle draft_tokens) {
     Result r;
     if ((k + 1) * v >= kReleaseGil) {
         py::gil_scoped_release nogil;
-        r = verify_greedy(*g_kernel, tp.data(), k, v, tok.data());
+        r = verify_greedy(*g_kernel.load(), tp.data(), k, v, tok.data());
     } else {
-        r = verify_greedy(*g_kernel, tp.data(), k, v, tok.data());
+        r = verify_greedy(*g_kernel.load(), tp.data(), k, v, tok.data());
     }
     if (r.status == kBadTarget)
         throw py::value_error("target_probs row " + std::to_string(r.bad_row) + " contains NaN or +Inf");
@@ -155,9 +156,9 @@ py::tuple accept_impl(py::handle target_probs, py::handle draft_probs, py::handl
     Result r;
     if ((2 * k + 1) * v >= kReleaseGil) {
         py::gil_scoped_release nogil;
-        r = accept(*g_kernel, tp.data(), dp.data(), k, v, tok.data(), u.data(), scratch.data());
+        r = accept(*g_kernel.load(), tp.data(), dp.data(), k, v, tok.data(), u.data(), scratch.data());
     } else {
-        r = accept(*g_kernel, tp.data(), dp.data(), k, v, tok.data(), u.data(), scratch.data());
+        r = accept(*g_kernel.load(), tp.data(), dp.data(), k, v, tok.data(), u.data(), scratch.data());
     }
     return result_or_raise(r);
 }
@@ -176,9 +177,72 @@ py::tuple accept_onehot_impl(py::handle target_probs, py::handle draft_tokens, D
     Result r;
     {
         py::gil_scoped_release nogil;
-        r = accept_onehot(*g_kernel, tp.data(), k, v, tok.data(), u.data(), scratch.data());
+        r = accept_onehot(*g_kernel.load(), tp.data(), k, v, tok.data(), u.data(), scratch.data());
     }
     return result_or_raise(r);
+}
+
+// A seed or position: a Python int in [0, 2^64).
+std::uint64_t as_u64(py::handle obj, const char* name) {
+    if (!py::isinstance<py::int_>(obj) || py::isinstance<py::bool_>(obj)) {
+        // numpy integer scalars are accepted through __index__.
+        if (!py::hasattr(obj, "__index__") || py::isinstance<py::bool_>(obj))
+            throw py::type_error(std::string(name) + " must be an int, got " +
+                                 std::string(py::str(py::type::of(obj).attr("__name__"))));
+    }
+    py::int_ v = py::reinterpret_steal<py::int_>(PyNumber_Index(obj.ptr()));
+    if (!v) throw py::error_already_set();
+    if (v < py::int_(0) || v >= py::int_(py::module_::import("builtins").attr("pow")(2, 64)))
+        throw py::value_error(std::string(name) + " must be in [0, 2**64), got " + std::string(py::str(v)));
+    return v.cast<std::uint64_t>();
+}
+
+py::tuple py_accept_invariant(py::handle target_probs, py::handle draft_tokens, py::handle seed,
+                              py::handle position) {
+    auto tok = as_tokens(draft_tokens);
+    const std::size_t k = (std::size_t)tok.size();
+    auto tp = as_matrix(target_probs, "target_probs", k + 1, k);
+    const std::size_t v = (std::size_t)tp.shape(1);
+    check_token_range(tok.data(), k, v);
+    const std::uint64_t s = as_u64(seed, "seed"), pos = as_u64(position, "position");
+    Result r;
+    {
+        py::gil_scoped_release nogil;
+        r = accept_invariant(tp.data(), k, v, tok.data(), s, pos);
+    }
+    return result_or_raise(r);
+}
+
+py::array_t<std::int64_t> py_race_pick(py::handle probs, py::handle seed, py::handle position) {
+    py::array a = as_array(probs, "probs");
+    if (a.ndim() != 2) throw py::value_error("probs must be 2-D [n, V], got shape " + shape_str(a));
+    const std::size_t n = (std::size_t)a.shape(0);
+    auto w = as_matrix(probs, "probs", n, n);
+    const std::size_t v = (std::size_t)w.shape(1);
+    const std::uint64_t s = as_u64(seed, "seed"), pos = as_u64(position, "position");
+    py::array_t<std::int64_t> out((py::ssize_t)n);
+    int status = kOk;
+    std::size_t row = 0;
+    {
+        py::gil_scoped_release nogil;
+        for (; row < n && status == kOk; ++row)
+            out.mutable_data()[row] = race_pick(w.data() + row * v, v, s, pos + row, &status);
+    }
+    if (status == kBadTarget)
+        throw py::value_error("probs row " + std::to_string(row - 1) + " contains NaN, Inf or a negative value");
+    if (status == kZeroTarget) throw py::value_error("probs row " + std::to_string(row - 1) + " has zero total mass");
+    return out;
+}
+
+py::array_t<double> py_race_uniforms(py::handle seed, py::handle position, py::handle tokens) {
+    const std::uint64_t s = as_u64(seed, "seed"), pos = as_u64(position, "position");
+    auto t = as_tokens(tokens, "tokens");
+    py::array_t<double> out(t.size());
+    for (py::ssize_t i = 0; i < t.size(); ++i) {
+        if (t.data()[i] < 0) throw py::value_error("tokens must be >= 0");
+        out.mutable_data()[i] = race_uniform(s, pos, (std::uint64_t)t.data()[i]);
+    }
+    return out;
 }
 
 py::array_t<float> py_warp(py::handle logits, double temperature, long long top_k, double top_p,
@@ -247,6 +311,10 @@ PYBIND11_MODULE(_core, m) {
             return accept_onehot_impl(t, tok, [&](std::size_t) { return uniforms; });
         },
         py::arg("target_probs"), py::arg("draft_tokens"), py::arg("uniforms"));
+    m.def("accept_invariant", &py_accept_invariant, py::arg("target_probs"), py::arg("draft_tokens"),
+          py::arg("seed"), py::arg("position"));
+    m.def("race_pick", &py_race_pick, py::arg("probs"), py::arg("seed"), py::arg("position"));
+    m.def("race_uniforms", &py_race_uniforms, py::arg("seed"), py::arg("position"), py::arg("tokens"));
     m.def("warp", &py_warp, py::arg("logits"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"),
           py::arg("min_p"));
     m.def("kernels", [] {
@@ -254,7 +322,7 @@ PYBIND11_MODULE(_core, m) {
         for (const Kernels* k : all_kernels()) names.push_back(k->name);
         return names;
     }, "Names of the kernel paths this CPU can run, scalar first.");
-    m.def("get_kernel", [] { return std::string(g_kernel->name); });
+    m.def("get_kernel", [] { return std::string(g_kernel.load()->name); });
     m.def("set_kernel", [](const std::string& name) {
         const Kernels* k = name == "auto" ? all_kernels().back() : find_kernel(name);
         if (!k) throw py::value_error("kernel '" + name + "' is not available; available: " + kernel_names());

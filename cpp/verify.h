@@ -14,7 +14,13 @@
 // Sampling from a mass row m with uniform u returns the smallest j whose
 // cumulative mass exceeds u * total, where the cumulative mass is the
 // sequential sum of the chunk sums before j's chunk plus the sequential
-// double sum of m inside the chunk. Both are the same on every path.
+// double sum of m inside the chunk. Both are the same on every path. If no j
+// does (u * total rounded up to the total), the last j with mass.
+//
+// The loop over chunks is written once (verify_simd.h) and instantiated per
+// instruction set; each instruction-set file is compiled with its own flags
+// (CMakeLists.txt), and the dispatch below checks the CPU before handing out
+// a table.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -26,7 +32,8 @@ constexpr std::size_t kLanes = 32;
 
 inline std::size_t n_chunks(std::size_t v) { return (v + kChunk - 1) / kChunk; }
 
-// One implementation of the three O(V) kernels. Each SIMD path fills one.
+// One implementation of the four O(V) kernels. Each instruction set fills one
+// table (scalar, AVX2, AVX-512, NEON).
 struct Kernels {
     const char* name;
     // Index of the first maximum of x[0..n). Sets *bad if x holds a NaN or
@@ -38,9 +45,9 @@ struct Kernels {
     // norm(max(0, p/P - q/Q)) scaled by P*Q, so no division is needed).
     void (*residual_chunk_sums)(const float* p, const float* q, std::size_t n,
                                 double P, double Q, double* out);
-    // A quick float32 sum of x[0..n) in any order (within n * 2^-24 of the
-    // true sum for non-negative x); *mn = min(x). Lets accept() decide most
-    // positions without the double sums (see verify.cpp); never returned.
+    // A quick float32 sum of x[0..n) in any order (see quick_test_factor);
+    // *mn = min(x). Lets accept() decide most positions without the double
+    // sums (see verify.cpp); never returned.
     float (*quick_sum)(const float* x, std::size_t n, float* mn);
 };
 
@@ -77,9 +84,15 @@ struct Result {
 Result verify_greedy(const Kernels& kern, const float* target, std::size_t k,
                      std::size_t v, const std::int64_t* draft);
 
+// The factor F >= 1 that makes accept()'s quick test rigorous for rows of v
+// non-negative floats: if fl(u * q_t * Pq) * F < fl(p_t * Qq), with Pq, Qq
+// float32 sums in any order, then the double totals' test accepts too
+// (verify.cpp derives it). +inf where v is too large for a useful bound.
+double quick_test_factor(std::size_t v);
+
 // Speculative sampling with explicit uniforms u[0..k], each in [0, 1).
 // Positions where u is far from the threshold are decided from quick_sum's
-// float32 totals under an error bound; the rest from the double totals. The
+// float32 totals under quick_test_factor; the rest from the double totals. The
 // result is always the one the double totals give.
 // target: [k+1, v]; draft_probs: [k, v]; draft: [k]. scratch holds at least
 // n_chunks(v) doubles.
@@ -93,5 +106,32 @@ Result accept(const Kernels& kern, const float* target, const float* draft_probs
 // Returns exactly what accept() returns with explicit one-hot draft rows.
 Result accept_onehot(const Kernels& kern, const float* target, std::size_t k, std::size_t v,
                      const std::int64_t* draft, const double* u, double* scratch);
+
+// ---- Drafter-invariant sampling (an exponential race on shared noise) ----
+//
+// Output position `pos` of a seeded generation owns one exponential variate
+// per token, E(seed, pos, t) = -log U(seed, pos, t), where U is a
+// counter-based uniform in (0, 1): a hash of (seed, pos, t), nothing else.
+// The token picked from masses w at that position is
+//     argmin over {t : w_t > 0} of E(seed, pos, t) / w_t   (ties: lower t).
+// Because E/w_t is exponential with rate w_t, the minimum falls on t with
+// probability w_t / sum(w) (the exponential race): an exact sample of w.
+
+// The uniform U(seed, pos, t) in (0, 1), 53 random bits.
+double race_uniform(std::uint64_t seed, std::uint64_t pos, std::uint64_t token);
+
+// The token the race picks from w[0..v) at `pos`; kBadTarget status for NaN,
+// Inf or negative masses, kZeroTarget for an all-zero row (token is then -1).
+std::int64_t race_pick(const float* w, std::size_t v, std::uint64_t seed, std::uint64_t pos,
+                       int* status);
+
+// Drafter-invariant verification. target: [k+1, v] masses; draft: [k] ids.
+// Position i's target token is race_pick(target row i, pos + i); draft token
+// i is accepted iff it equals that token; at the first mismatch the target's
+// token is emitted; after k matches, the target's token at row k. The emitted
+// tokens are therefore the race picks of the target rows, whatever the draft:
+// exactly what plain (non-speculative) race sampling with the same seed emits.
+Result accept_invariant(const float* target, std::size_t k, std::size_t v,
+                        const std::int64_t* draft, std::uint64_t seed, std::uint64_t pos);
 
 }  // namespace specgguf

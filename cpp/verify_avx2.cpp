@@ -1,20 +1,58 @@
-// AVX2 path of the three O(V) kernels, built with a target attribute so the
-// library still loads on CPUs without AVX2 (dispatch checks the CPU at run
-// time). Must agree bit for bit with verify.cpp's scalar kernels.
+// AVX2 path of the O(V) kernels. This file alone is compiled with -mavx2
+// (CMakeLists.txt); it only exports a table, and verify.cpp checks the CPU
+// before handing it out. Must agree bit for bit with the scalar kernels.
 #include "verify.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if defined(__x86_64__) && defined(__AVX2__)
 #include <immintrin.h>
 
-#include <cmath>
 #include <limits>
 
-#define AVX2 __attribute__((target("avx2")))
+#include "verify_simd.h"
 
 namespace specgguf {
 namespace {
 
-AVX2 inline float hmax8(__m256 m) {
+// 32 double lanes = 8 registers; register r holds lanes 4r..4r+3.
+struct Avx2Isa {
+    struct Acc { __m256d r[8]; };
+    struct Min { __m256 m; };
+    static void zero(Acc& a) { for (auto& r : a.r) r = _mm256_setzero_pd(); }
+    static void min_init(Min& m) { m.m = _mm256_set1_ps(std::numeric_limits<float>::infinity()); }
+    static void add32(Acc& a, Min& mn, const float* x) {
+        for (int m = 0; m < 8; m += 2) {
+            __m256 v = _mm256_loadu_ps(x + 4 * m);
+            mn.m = _mm256_min_ps(mn.m, v);
+            a.r[m] = _mm256_add_pd(a.r[m], _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+            a.r[m + 1] = _mm256_add_pd(a.r[m + 1], _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+        }
+    }
+    static void add_residual32(Acc& a, const float* p, const float* q, double P, double Q) {
+        const __m256d vP = _mm256_set1_pd(P), vQ = _mm256_set1_pd(Q), z = _mm256_setzero_pd();
+        for (int m = 0; m < 8; ++m) {
+            __m256d pd = _mm256_cvtps_pd(_mm_loadu_ps(p + 4 * m));
+            __m256d qd = _mm256_cvtps_pd(_mm_loadu_ps(q + 4 * m));
+            __m256d r = _mm256_sub_pd(_mm256_mul_pd(pd, vQ), _mm256_mul_pd(qd, vP));
+            a.r[m] = _mm256_add_pd(a.r[m], _mm256_max_pd(r, z));
+        }
+    }
+    // Canonical fold (verify.h): lanes j += j+16, +8, +4, +2, +1.
+    static double fold(Acc& a) {
+        for (int m = 0; m < 4; ++m) a.r[m] = _mm256_add_pd(a.r[m], a.r[m + 4]);
+        for (int m = 0; m < 2; ++m) a.r[m] = _mm256_add_pd(a.r[m], a.r[m + 2]);
+        __m256d s = _mm256_add_pd(a.r[0], a.r[1]);
+        __m128d h = _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd(s, 1));
+        return _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
+    }
+    static void spill(Acc& a, double* lanes) { for (int m = 0; m < 8; ++m) _mm256_storeu_pd(lanes + 4 * m, a.r[m]); }
+    static float min_value(const Min& mn) {
+        __m128 h = _mm_min_ps(_mm256_castps256_ps128(mn.m), _mm256_extractf128_ps(mn.m, 1));
+        h = _mm_min_ps(h, _mm_movehl_ps(h, h));
+        return _mm_cvtss_f32(_mm_min_ss(h, _mm_shuffle_ps(h, h, 1)));
+    }
+};
+
+inline float hmax8(__m256 m) {
     __m128 x = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
     x = _mm_max_ps(x, _mm_movehl_ps(x, x));
     x = _mm_max_ss(x, _mm_shuffle_ps(x, x, 1));
@@ -24,7 +62,7 @@ AVX2 inline float hmax8(__m256 m) {
 // Per chunk: max in 4 accumulators (NaN caught by cmpunord, since maxps
 // drops it); remember the first chunk whose max is strictly larger, then find
 // the first index of the max inside it.
-AVX2 std::size_t argmax_avx2(const float* x, std::size_t n, bool* bad) {
+std::size_t argmax_avx2(const float* x, std::size_t n, bool* bad) {
     const float ninf = -std::numeric_limits<float>::infinity();
     __m256 nan = _mm256_setzero_ps();
     float best = ninf;
@@ -58,90 +96,7 @@ AVX2 std::size_t argmax_avx2(const float* x, std::size_t n, bool* bad) {
     return best_chunk;  // only reached for an all -inf row: index 0
 }
 
-// 32 double lanes = 8 registers; register r holds lanes 4r..4r+3.
-struct Acc {
-    __m256d r[8];
-};
-
-AVX2 inline void acc_zero(Acc& a) {
-    for (auto& r : a.r) r = _mm256_setzero_pd();
-}
-
-// Canonical fold (verify.h): lanes j += j+16, +8, +4, +2, +1.
-AVX2 inline double acc_fold(Acc& a) {
-    for (int m = 0; m < 4; ++m) a.r[m] = _mm256_add_pd(a.r[m], a.r[m + 4]);
-    for (int m = 0; m < 2; ++m) a.r[m] = _mm256_add_pd(a.r[m], a.r[m + 2]);
-    __m256d s = _mm256_add_pd(a.r[0], a.r[1]);
-    __m128d h = _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd(s, 1));
-    return _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
-}
-
-// A short last chunk: spill the lanes, finish the tail in scalar, fold.
-template <class Elem>
-AVX2 double acc_fold_tail(Acc& a, std::size_t j, std::size_t end, Elem elem) {
-    alignas(32) double lanes[kLanes];
-    for (int m = 0; m < 8; ++m) _mm256_store_pd(lanes + 4 * m, a.r[m]);
-    for (; j < end; ++j) lanes[j % kLanes] += elem(j);
-    return fold_lanes(lanes);
-}
-
-AVX2 float chunk_sums_avx2(const float* x, std::size_t n, double* out) {
-    __m256 mn = _mm256_set1_ps(std::numeric_limits<float>::infinity());
-    float mn_tail = std::numeric_limits<float>::infinity();
-    Acc a;
-    for (std::size_t c = 0, start = 0; start < n; ++c, start += kChunk) {
-        std::size_t end = start + kChunk < n ? start + kChunk : n;
-        acc_zero(a);
-        std::size_t j = start;
-        for (; j + kLanes <= end; j += kLanes) {
-            for (int m = 0; m < 8; m += 2) {
-                __m256 v = _mm256_loadu_ps(x + j + 4 * m);
-                mn = _mm256_min_ps(mn, v);
-                a.r[m] = _mm256_add_pd(a.r[m], _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
-                a.r[m + 1] = _mm256_add_pd(a.r[m + 1], _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
-            }
-        }
-        if (j == end) {
-            out[c] = acc_fold(a);
-        } else {
-            for (std::size_t t = j; t < end; ++t) mn_tail = x[t] < mn_tail ? x[t] : mn_tail;
-            out[c] = acc_fold_tail(a, j, end, [x](std::size_t t) { return (double)x[t]; });
-        }
-    }
-    __m128 h = _mm_min_ps(_mm256_castps256_ps128(mn), _mm256_extractf128_ps(mn, 1));
-    h = _mm_min_ps(h, _mm_movehl_ps(h, h));
-    float m = _mm_cvtss_f32(_mm_min_ss(h, _mm_shuffle_ps(h, h, 1)));
-    return m < mn_tail ? m : mn_tail;
-}
-
-AVX2 void residual_chunk_sums_avx2(const float* p, const float* q, std::size_t n,
-                                   double P, double Q, double* out) {
-    const __m256d vP = _mm256_set1_pd(P), vQ = _mm256_set1_pd(Q), z = _mm256_setzero_pd();
-    Acc a;
-    for (std::size_t c = 0, start = 0; start < n; ++c, start += kChunk) {
-        std::size_t end = start + kChunk < n ? start + kChunk : n;
-        acc_zero(a);
-        std::size_t j = start;
-        for (; j + kLanes <= end; j += kLanes) {
-            for (int m = 0; m < 8; ++m) {
-                __m256d pd = _mm256_cvtps_pd(_mm_loadu_ps(p + j + 4 * m));
-                __m256d qd = _mm256_cvtps_pd(_mm_loadu_ps(q + j + 4 * m));
-                __m256d r = _mm256_sub_pd(_mm256_mul_pd(pd, vQ), _mm256_mul_pd(qd, vP));
-                a.r[m] = _mm256_add_pd(a.r[m], _mm256_max_pd(r, z));
-            }
-        }
-        if (j == end) {
-            out[c] = acc_fold(a);
-        } else {
-            out[c] = acc_fold_tail(a, j, end, [=](std::size_t t) {
-                double r = (double)p[t] * Q - (double)q[t] * P;
-                return r > 0.0 ? r : 0.0;
-            });
-        }
-    }
-}
-
-AVX2 float quick_sum_avx2(const float* x, std::size_t n, float* mn) {
+float quick_sum_avx2(const float* x, std::size_t n, float* mn) {
     __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
     __m256 m = _mm256_set1_ps(std::numeric_limits<float>::infinity());
     std::size_t j = 0;
@@ -162,18 +117,13 @@ AVX2 float quick_sum_avx2(const float* x, std::size_t n, float* mn) {
     return s;
 }
 
-const Kernels kAvx2 = {"avx2", argmax_avx2, chunk_sums_avx2, residual_chunk_sums_avx2, quick_sum_avx2};
-
 }  // namespace
 
-const Kernels* avx2_kernels() {
-    return __builtin_cpu_supports("avx2") ? &kAvx2 : nullptr;
-}
+// Used by the AVX-512 table too: greedy is already at its memory floor.
+std::size_t argmax_avx2_path(const float* x, std::size_t n, bool* bad) { return argmax_avx2(x, n, bad); }
 
-}  // namespace specgguf
+extern const Kernels kAvx2Kernels = {"avx2", argmax_avx2, chunk_sums_t<Avx2Isa>,
+                                     residual_chunk_sums_t<Avx2Isa>, quick_sum_avx2};
 
-#else
-namespace specgguf {
-const Kernels* avx2_kernels() { return nullptr; }
 }  // namespace specgguf
 #endif

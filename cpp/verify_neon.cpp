@@ -1,6 +1,6 @@
-// NEON path (aarch64) of the three O(V) kernels. Baseline ARMv8-A only (no
+// NEON path (aarch64) of the O(V) kernels. Baseline ARMv8-A only (no
 // dotprod/SVE), so it runs on a Cortex-A53/A72 (Pi 3/4) as well as a Pi 5.
-// Must agree bit for bit with verify.cpp's scalar kernels.
+// Must agree bit for bit with the scalar kernels.
 #include "verify.h"
 
 #if defined(__aarch64__)
@@ -8,8 +8,49 @@
 
 #include <limits>
 
+#include "verify_simd.h"
+
 namespace specgguf {
 namespace {
+
+// 32 double lanes = 16 registers; register r holds lanes 2r, 2r+1.
+struct NeonIsa {
+    struct Acc { float64x2_t r[16]; };
+    struct Min { float32x4_t m; };
+    static void zero(Acc& a) { for (auto& r : a.r) r = vdupq_n_f64(0.0); }
+    static void min_init(Min& m) { m.m = vdupq_n_f32(std::numeric_limits<float>::infinity()); }
+    static void add32(Acc& a, Min& mn, const float* x) {
+        for (int m = 0; m < 16; m += 2) {
+            float32x4_t v = vld1q_f32(x + 2 * m);
+            mn.m = vminnmq_f32(mn.m, v);
+            a.r[m] = vaddq_f64(a.r[m], vcvt_f64_f32(vget_low_f32(v)));
+            a.r[m + 1] = vaddq_f64(a.r[m + 1], vcvt_high_f64_f32(v));
+        }
+    }
+    static void add_residual32(Acc& a, const float* p, const float* q, double P, double Q) {
+        const float64x2_t vP = vdupq_n_f64(P), vQ = vdupq_n_f64(Q), z = vdupq_n_f64(0.0);
+        for (int m = 0; m < 16; m += 2) {
+            float32x4_t pv = vld1q_f32(p + 2 * m), qv = vld1q_f32(q + 2 * m);
+            // vmulq/vsubq, never vfmsq: an FMA would round differently.
+            float64x2_t r0 = vsubq_f64(vmulq_f64(vcvt_f64_f32(vget_low_f32(pv)), vQ),
+                                       vmulq_f64(vcvt_f64_f32(vget_low_f32(qv)), vP));
+            float64x2_t r1 = vsubq_f64(vmulq_f64(vcvt_high_f64_f32(pv), vQ),
+                                       vmulq_f64(vcvt_high_f64_f32(qv), vP));
+            a.r[m] = vaddq_f64(a.r[m], vmaxq_f64(r0, z));
+            a.r[m + 1] = vaddq_f64(a.r[m + 1], vmaxq_f64(r1, z));
+        }
+    }
+    // Canonical fold (verify.h): lanes j += j+16, +8, +4, +2, +1.
+    static double fold(Acc& a) {
+        for (int m = 0; m < 8; ++m) a.r[m] = vaddq_f64(a.r[m], a.r[m + 8]);
+        for (int m = 0; m < 4; ++m) a.r[m] = vaddq_f64(a.r[m], a.r[m + 4]);
+        for (int m = 0; m < 2; ++m) a.r[m] = vaddq_f64(a.r[m], a.r[m + 2]);
+        float64x2_t s = vaddq_f64(a.r[0], a.r[1]);
+        return vgetq_lane_f64(s, 0) + vgetq_lane_f64(s, 1);
+    }
+    static void spill(Acc& a, double* lanes) { for (int m = 0; m < 16; ++m) vst1q_f64(lanes + 2 * m, a.r[m]); }
+    static float min_value(const Min& mn) { return vminnmvq_f32(mn.m); }
+};
 
 // fmax propagates NaN, so a NaN anywhere shows up in the chunk max.
 std::size_t argmax_neon(const float* x, std::size_t n, bool* bad) {
@@ -38,90 +79,6 @@ std::size_t argmax_neon(const float* x, std::size_t n, bool* bad) {
     return best_chunk;
 }
 
-// 32 double lanes = 16 registers; register r holds lanes 2r, 2r+1.
-struct Acc {
-    float64x2_t r[16];
-};
-
-inline void acc_zero(Acc& a) {
-    for (auto& r : a.r) r = vdupq_n_f64(0.0);
-}
-
-// Canonical fold (verify.h): lanes j += j+16, +8, +4, +2, +1.
-inline double acc_fold(Acc& a) {
-    for (int m = 0; m < 8; ++m) a.r[m] = vaddq_f64(a.r[m], a.r[m + 8]);
-    for (int m = 0; m < 4; ++m) a.r[m] = vaddq_f64(a.r[m], a.r[m + 4]);
-    for (int m = 0; m < 2; ++m) a.r[m] = vaddq_f64(a.r[m], a.r[m + 2]);
-    float64x2_t s = vaddq_f64(a.r[0], a.r[1]);
-    return vgetq_lane_f64(s, 0) + vgetq_lane_f64(s, 1);
-}
-
-template <class Elem>
-double acc_fold_tail(Acc& a, std::size_t j, std::size_t end, Elem elem) {
-    double lanes[kLanes];
-    for (int m = 0; m < 16; ++m) vst1q_f64(lanes + 2 * m, a.r[m]);
-    for (; j < end; ++j) lanes[j % kLanes] += elem(j);
-    return fold_lanes(lanes);
-}
-
-float chunk_sums_neon(const float* x, std::size_t n, double* out) {
-    float32x4_t mn = vdupq_n_f32(std::numeric_limits<float>::infinity());
-    float mn_tail = std::numeric_limits<float>::infinity();
-    Acc a;
-    for (std::size_t c = 0, start = 0; start < n; ++c, start += kChunk) {
-        std::size_t end = start + kChunk < n ? start + kChunk : n;
-        acc_zero(a);
-        std::size_t j = start;
-        for (; j + kLanes <= end; j += kLanes) {
-            for (int m = 0; m < 16; m += 2) {
-                float32x4_t v = vld1q_f32(x + j + 2 * m);
-                mn = vminnmq_f32(mn, v);
-                a.r[m] = vaddq_f64(a.r[m], vcvt_f64_f32(vget_low_f32(v)));
-                a.r[m + 1] = vaddq_f64(a.r[m + 1], vcvt_high_f64_f32(v));
-            }
-        }
-        if (j == end) {
-            out[c] = acc_fold(a);
-        } else {
-            for (std::size_t t = j; t < end; ++t) mn_tail = x[t] < mn_tail ? x[t] : mn_tail;
-            out[c] = acc_fold_tail(a, j, end, [x](std::size_t t) { return (double)x[t]; });
-        }
-    }
-    float m = vminnmvq_f32(mn);
-    return m < mn_tail ? m : mn_tail;
-}
-
-void residual_chunk_sums_neon(const float* p, const float* q, std::size_t n,
-                              double P, double Q, double* out) {
-    const float64x2_t vP = vdupq_n_f64(P), vQ = vdupq_n_f64(Q), z = vdupq_n_f64(0.0);
-    Acc a;
-    for (std::size_t c = 0, start = 0; start < n; ++c, start += kChunk) {
-        std::size_t end = start + kChunk < n ? start + kChunk : n;
-        acc_zero(a);
-        std::size_t j = start;
-        for (; j + kLanes <= end; j += kLanes) {
-            for (int m = 0; m < 16; m += 2) {
-                float32x4_t pv = vld1q_f32(p + j + 2 * m), qv = vld1q_f32(q + j + 2 * m);
-                // vmulq/vsubq, never vfmsq: an FMA would round differently.
-                float64x2_t r0 = vsubq_f64(vmulq_f64(vcvt_f64_f32(vget_low_f32(pv)), vQ),
-                                           vmulq_f64(vcvt_f64_f32(vget_low_f32(qv)), vP));
-                float64x2_t r1 = vsubq_f64(vmulq_f64(vcvt_high_f64_f32(pv), vQ),
-                                           vmulq_f64(vcvt_high_f64_f32(qv), vP));
-                a.r[m] = vaddq_f64(a.r[m], vmaxq_f64(r0, z));
-                a.r[m + 1] = vaddq_f64(a.r[m + 1], vmaxq_f64(r1, z));
-            }
-        }
-        if (j == end) {
-            out[c] = acc_fold(a);
-        } else {
-            out[c] = acc_fold_tail(a, j, end, [=](std::size_t t) {
-                double r = (double)p[t] * Q - (double)q[t] * P;
-                return r > 0.0 ? r : 0.0;
-            });
-        }
-    }
-}
-
 float quick_sum_neon(const float* x, std::size_t n, float* mn) {
     float32x4_t s0 = vdupq_n_f32(0.0f), s1 = s0, s2 = s0, s3 = s0;
     float32x4_t m = vdupq_n_f32(std::numeric_limits<float>::infinity());
@@ -140,16 +97,10 @@ float quick_sum_neon(const float* x, std::size_t n, float* mn) {
     return s;
 }
 
-const Kernels kNeon = {"neon", argmax_neon, chunk_sums_neon, residual_chunk_sums_neon, quick_sum_neon};
-
 }  // namespace
 
-const Kernels* neon_kernels() { return &kNeon; }
+extern const Kernels kNeonKernels = {"neon", argmax_neon, chunk_sums_t<NeonIsa>,
+                                     residual_chunk_sums_t<NeonIsa>, quick_sum_neon};
 
-}  // namespace specgguf
-
-#else
-namespace specgguf {
-const Kernels* neon_kernels() { return nullptr; }
 }  // namespace specgguf
 #endif
