@@ -10,6 +10,25 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SRC="cpp/verify.cpp cpp/verify_avx2.cpp cpp/verify_avx512.cpp cpp/verify_neon.cpp cpp/warp.cpp"
+CXXFLAGS="-O3 -std=c++17 -ffp-contract=off -Icpp"
+
+# Objects of the kernels, each instruction-set file with its own flags as
+# CMakeLists.txt builds them (on aarch64 the x86 files compile to nothing):
+#   build_objs x86|arm CXX OUTDIR [extra flags...]
+build_objs() {
+  local arch=$1 cxx=$2 out=$3; shift 3
+  mkdir -p "$out"
+  for f in $SRC; do
+    local extra=()
+    if [ "$arch" = x86 ]; then
+      case "$f" in
+        *verify_avx2.cpp) extra=(-mavx2) ;;
+        *verify_avx512.cpp) extra=(-mavx512f -mavx2 -Wno-uninitialized -Wno-maybe-uninitialized) ;;
+      esac
+    fi
+    "$cxx" $CXXFLAGS "$@" "${extra[@]}" -c "$f" -o "$out/$(basename "$f" .cpp).o"
+  done
+}
 WORK=${SPECGGUF_ARM_WORK:-/tmp/specgguf-aarch64}
 SUITE=bookworm
 MIRROR=$(sed -n 's/^URIs: *//p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -1)
@@ -25,11 +44,13 @@ fi
 mkdir -p "$WORK"
 
 echo "== x86-64 without AVX2 (qemu -cpu Nehalem): scalar fallback"
-g++ -O3 -std=c++17 -ffp-contract=off -Icpp cpp/test_kernels.cpp $SRC -o "$WORK/tk_x86"
+build_objs x86 g++ "$WORK/obj_x86"
+g++ $CXXFLAGS cpp/test_kernels.cpp "$WORK"/obj_x86/*.o -o "$WORK/tk_x86"
 qemu-x86_64 -cpu Nehalem "$WORK/tk_x86" | tail -2
 
 echo "== aarch64 kernels (qemu -cpu cortex-a72): NEON vs scalar"
-aarch64-linux-gnu-g++ -O3 -std=c++17 -static -ffp-contract=off -Icpp cpp/test_kernels.cpp $SRC -o "$WORK/tk_arm"
+build_objs arm aarch64-linux-gnu-g++ "$WORK/obj_arm" -fPIC
+aarch64-linux-gnu-g++ $CXXFLAGS -static cpp/test_kernels.cpp "$WORK"/obj_arm/*.o -o "$WORK/tk_arm"
 qemu-aarch64 -cpu cortex-a72 "$WORK/tk_arm" | tail -2
 
 echo "== aarch64 extension: op and decoder tests under emulation"
@@ -44,12 +65,12 @@ PYV=$(cd "$ROOT/usr/include" && ls -d python3.* | grep -m1 -E "^python3\.[0-9]+$
 PKG="$WORK/pkg/specgguf"
 rm -rf "$WORK/pkg" && mkdir -p "$PKG"
 cp src/specgguf/*.py src/specgguf/py.typed "$PKG/"
-aarch64-linux-gnu-g++ -O3 -std=c++17 -shared -fPIC -ffp-contract=off -static-libstdc++ -Icpp \
+aarch64-linux-gnu-g++ $CXXFLAGS -shared -fPIC -static-libstdc++ \
   -I"$ROOT/usr/include/$PYV" -idirafter "$ROOT/usr/include" \
-  cpp/bindings.cpp $SRC -o "$PKG/_core.cpython-$(echo "${PYV#python}" | tr -d .)-aarch64-linux-gnu.so"
+  cpp/bindings.cpp "$WORK"/obj_arm/*.o -o "$PKG/_core.cpython-$(echo "${PYV#python}" | tr -d .)-aarch64-linux-gnu.so"
 QEMU_LD_PREFIX="$ROOT" \
 LD_LIBRARY_PATH="$ROOT/usr/lib/aarch64-linux-gnu/blas:$ROOT/usr/lib/aarch64-linux-gnu/lapack" \
 PYTHONPATH="$WORK/pkg" \
   qemu-aarch64 -cpu cortex-a72 "$ROOT/usr/bin/python3" -m pytest -q -p no:cacheprovider \
   tests/test_verify_exact.py tests/test_verify_errors.py tests/test_verify_law.py tests/test_decoder.py \
-  tests/test_sampling.py tests/test_policy.py tests/test_ngram.py
+  tests/test_sampling.py tests/test_policy.py tests/test_ngram.py tests/test_config.py

@@ -1,6 +1,39 @@
+"""Shared fixtures and statistics helpers.
+
+Every test runs with its state (calibration, learned evidence, trust records,
+file identities) in a temporary folder: the suite never reads or writes the
+user's ``~/.cache/specgguf/state``. Models are read from the user's model
+cache (scripts/setup.sh fetched them), never written there.
+"""
+
+import numpy as np
 import pytest
+from scipy import stats
 
 import specgguf
+
+ALPHA = 1e-3  # significance of the chi-square tests (each at a fixed seed)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_state(tmp_path_factory):
+    """State of session-wide fixtures (model loading) in a temporary folder."""
+    import os
+    before = os.environ.get("SPECGGUF_STATE")
+    os.environ["SPECGGUF_STATE"] = str(tmp_path_factory.mktemp("session-state"))
+    yield
+    if before is None:
+        os.environ.pop("SPECGGUF_STATE", None)
+    else:
+        os.environ["SPECGGUF_STATE"] = before
+
+
+@pytest.fixture(autouse=True)
+def private_state(tmp_path_factory, monkeypatch):
+    """Point every state location at a fresh temporary folder, per test."""
+    state = tmp_path_factory.mktemp("state")
+    monkeypatch.setenv("SPECGGUF_STATE", str(state))
+    return state
 
 
 @pytest.fixture(params=specgguf.kernels())
@@ -10,3 +43,84 @@ def kernel(request):
     specgguf.set_kernel(request.param)
     yield request.param
     specgguf.set_kernel(before)
+
+
+def chi2_pvalue(counts, probs):
+    """Chi-square p-value, pooling bins whose expected count is below 5."""
+    if np.any((probs == 0) & (counts > 0)):
+        return 0.0  # an outcome the law forbids
+    n = counts.sum()
+    exp = probs * n
+    order = np.argsort(exp)
+    obs_b, exp_b, acc_o, acc_e = [], [], 0.0, 0.0
+    for i in order:
+        acc_o += counts[i]
+        acc_e += exp[i]
+        if acc_e >= 5:
+            obs_b.append(acc_o)
+            exp_b.append(acc_e)
+            acc_o = acc_e = 0.0
+    if acc_e > 0 and exp_b:
+        obs_b[-1] += acc_o
+        exp_b[-1] += acc_e
+    if len(obs_b) < 2:
+        return 1.0
+    exp_b = np.array(exp_b) * (n / np.sum(exp_b))  # float rounding of the law
+    return stats.chisquare(obs_b, exp_b).pvalue
+
+
+def sample_counts(draw, n, size):
+    """Counts of ``n`` draws of ``draw()`` over ``range(size)``."""
+    counts = np.zeros(size)
+    for _ in range(n):
+        counts[draw()] += 1
+    return counts
+
+
+# ---- the real SmolLM2 pair from models.lock (fetched by scripts/setup.sh) ----
+
+PROMPTS = [
+    "Write a short story about a robot who learns to paint.",
+    "Explain how a bicycle stays upright while moving.",
+    "Write a detailed essay about the history of the printing press.",
+]
+
+
+def msgs(prompt):
+    return [{"role": "user", "content": prompt}]
+
+
+def load_model(name, n_ctx=1024):
+    import llama_cpp
+    from specgguf import models
+    return llama_cpp.Llama(str(models.fetch(name)), n_ctx=n_ctx, n_threads=2, n_threads_batch=2, verbose=False)
+
+
+@pytest.fixture(scope="session")
+def target():
+    pytest.importorskip("llama_cpp")
+    return load_model("smollm2-135m-f32")
+
+
+@pytest.fixture(scope="session")
+def draft():
+    pytest.importorskip("llama_cpp")
+    return load_model("smollm2-135m-q4_1")
+
+
+@pytest.fixture(scope="session")
+def poor_draft():
+    pytest.importorskip("llama_cpp")
+    return load_model("smollm2-135m-q2_k")
+
+
+def plain_greedy(llm, ids, n):
+    """Target-only greedy decoding through llama-cpp-python's own loop."""
+    llm.reset()
+    out = []
+    for tok in llm.generate(ids, temp=0.0, top_k=1, reset=True):
+        out.append(tok)
+        if len(out) == n:
+            break
+    llm.reset()
+    return out

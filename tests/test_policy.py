@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from specgguf.policy import CostModel, DraftPolicy
+from specgguf.policy import AcceptanceEstimate, CostModel, DraftPolicy, merge_evidence
 
 # A memory-bound board: a batch of b target tokens costs little more than one.
 CHEAP_BATCH = CostModel(draft=0.1, target=[1.0 + 0.05 * b for b in range(9)])
@@ -61,15 +61,18 @@ def test_picks_zero_when_the_draft_cannot_pay():
 def test_evidence_of_a_poor_draft_stops_probes_until_it_ages():
     policy = DraftPolicy(8, CostModel.from_dict(COMPUTE_BOUND.to_dict()))
     assert policy.could_pay()  # no evidence yet: the draft might be excellent
-    for _ in range(30):
-        policy.update(3, 0 if np.random.default_rng(len(str(_))).random() < 0.6 else 1)
+    rng = np.random.default_rng(0)
+    accepted = [0 if rng.random() < 0.6 else 1 for _ in range(30)]
+    assert 0 < sum(accepted) < 30  # a mix of rounds, as intended
+    for n in accepted:
+        policy.update(3, n)
     assert not policy.could_pay()  # seen: it is poor
     for _ in range(100):
         policy.choose()
     assert not policy.could_pay()  # still ruled out a while later
     for _ in range(1500):
         policy.choose()  # idle rounds thin the evidence: worth a look again
-    assert policy.optimistic_acceptance() > 0.9 and policy.could_pay()
+    assert policy.acceptance.optimistic() > 0.9 and policy.could_pay()
 
 
 def test_recovers_when_acceptance_rises():
@@ -100,9 +103,20 @@ def test_online_costs_rescale_relative_defaults():
     policy = DraftPolicy(4, online_costs=True)
     policy.update(0, 0, draft_cost=0.0, target_cost=0.020)  # 20 ms for one target token
     assert policy.costs.seconds and policy.costs.target_cost(1) == pytest.approx(0.020)
+    # Every cost is rescaled, the draft's catch-up too (it stayed at 0.1, read as
+    # 100 ms per token: about 100x the real catch-up of a small draft).
+    prior = CostModel()
+    assert policy.costs.draft_prefill == pytest.approx(0.020 * prior.draft_prefill / prior.target[0])
+    assert policy.costs.draft == pytest.approx(0.020 * prior.draft / prior.target[0])
     frozen = DraftPolicy(4, online_costs=False)
     frozen.update(2, 1, draft_cost=5.0, target_cost=5.0)
     assert frozen.costs == CostModel()  # seeded runs ignore the clock
+
+
+def test_cost_model_from_dict_defaults_to_the_dataclass():
+    # A record without "seconds" is read as the dataclass says (relative), not as seconds.
+    assert CostModel.from_dict({"draft": 0.4, "target": [1.0, 1.2]}).seconds is False
+    assert CostModel.from_dict({"draft": 0.4, "target": [1.0], "seconds": True}).seconds is True
 
 
 def test_p_min_auto_learns_a_cutoff():
@@ -122,29 +136,63 @@ def test_p_min_auto_learns_a_cutoff():
         DraftPolicy(4, p_min=2.0)
 
 
-def test_learned_state_carries_over_as_a_weak_prior():
+def test_learned_evidence_carries_over_as_a_weak_prior():
     policy = DraftPolicy(8, CostModel.from_dict(CHEAP_BATCH.to_dict()))  # drafts every round
     simulate(policy, 0.3, 300, np.random.default_rng(5))
-    assert policy.total_tried > 2 * DraftPolicy.PRIOR_CAP
+    stored = merge_evidence(None, policy.acceptance.hand_over())
+    assert stored["total"][1] > 2 * AcceptanceEstimate.PRIOR_CAP
     fresh = DraftPolicy(8, CostModel.from_dict(COMPUTE_BOUND.to_dict()))
     assert fresh.could_pay()  # knows nothing: worth a probe
-    fresh.load_state(policy.state())
-    assert fresh.total_tried == pytest.approx(DraftPolicy.PRIOR_CAP)
-    assert fresh.acceptance()[0] < 0.5 and not fresh.could_pay()  # knows the draft is poor
-    fresh.load_state({"acc": "damaged"})  # an unreadable state is ignored
-    fresh.load_state(None)
-    assert fresh.total_tried == pytest.approx(DraftPolicy.PRIOR_CAP)
-    # With a measured prior the stored state adds to it: positions the stored
-    # state barely saw keep the measurement instead of a shrunken guess.
+    fresh.acceptance.add_before(stored)
+    assert fresh.acceptance.totals()[1] == pytest.approx(AcceptanceEstimate.PRIOR_CAP)
+    assert fresh.acceptance.per_position()[0] < 0.5 and not fresh.could_pay()  # knows the draft is poor
+    fresh.acceptance.add_before({"accepted": "damaged"})  # an unreadable record is ignored
+    fresh.acceptance.add_before(None)
+    assert fresh.acceptance.totals()[1] == pytest.approx(AcceptanceEstimate.PRIOR_CAP)
+    # With a measured prior the stored evidence adds to it: positions the
+    # evidence barely saw keep the measurement instead of a shrunken guess.
+    sparse = {"accepted": [3.0, 2.0, 0.0] + [0.0] * 5, "verified": [3.0, 3.0, 1.0] + [0.0] * 5,
+              "total": [5.0, 7.0]}  # one early rejection, nothing deeper
     good = DraftPolicy(8, CostModel.from_dict(CHEAP_BATCH.to_dict()), prior=0.95)
-    sparse = {"acc": [3.0, 2.0, 0.0] + [0.0] * 5, "tried": [3.0, 3.0, 1.0] + [0.0] * 5,
-              "total_acc": 5.0, "total_tried": 7.0}  # one early rejection, nothing deeper
-    good.load_state(sparse)
-    assert good.total_tried == pytest.approx(DraftPolicy.PRIOR_CAP + 7.0)
-    assert all(a > 0.85 for a in good.acceptance()[3:])
+    good.acceptance.add_before(sparse)
+    assert good.acceptance.totals()[1] == pytest.approx(AcceptanceEstimate.PRIOR_CAP + 7.0)
+    assert all(a > 0.85 for a in good.acceptance.per_position()[3:])
     alone = DraftPolicy(8, CostModel.from_dict(CHEAP_BATCH.to_dict()))
-    alone.load_state(sparse)
-    assert alone.acceptance()[2] < 0.6  # what replacing the prior would have believed
+    alone.acceptance.add_before(sparse)
+    assert alone.acceptance.per_position()[2] < 0.6  # what replacing the prior would have believed
+
+
+def test_the_prior_is_never_handed_to_the_store():
+    """A measured prior and loaded evidence shape the estimate but are not
+    part of what a run hands over: stored evidence never counts them twice."""
+    est = AcceptanceEstimate(4, prior=0.9)
+    est.add_before({"accepted": [2.0] * 4, "verified": [2.0] * 4, "total": [8.0, 8.0]})
+    assert sum(est.hand_over()["counts"]["verified"]) == 0  # nothing observed yet
+    est.observe(3, 2)
+    out = est.hand_over()
+    assert out["counts"]["verified"] == [1.0, 1.0, 1.0, 0.0] and out["counts"]["accepted"] == [1.0, 1.0, 0.0, 0.0]
+    assert out["decay"] == pytest.approx(est.decay)
+    assert est.hand_over()["counts"]["total"] == [0.0, 0.0]  # handed over once only
+
+
+def test_concurrent_runs_lose_no_evidence():
+    """Two runs that started from the same stored evidence each merge their
+    own counts: the result holds both (last-writer-wins would drop one)."""
+    a, b = AcceptanceEstimate(4), AcceptanceEstimate(4)
+    for _ in range(5):
+        a.observe(2, 1)
+    for _ in range(3):
+        b.observe(4, 4)
+    start = {"accepted": [1.0] * 4, "verified": [2.0] * 4, "total": [4.0, 8.0]}
+    ca, cb = a.hand_over(), b.hand_over()
+    both = merge_evidence(merge_evidence(start, ca), cb)
+    # Each run's own counts are all there, the earlier one decayed by the later
+    # one's observations, beside the decayed start.
+    expect_v = np.array(start["verified"]) * ca["decay"] * cb["decay"] + np.add(
+        np.array(ca["counts"]["verified"]) * cb["decay"], cb["counts"]["verified"])
+    np.testing.assert_allclose(both["verified"], expect_v)
+    assert both["total"][1] == pytest.approx(sum(expect_v))
+    assert merge_evidence("corrupt", ca)["verified"] == ca["counts"]["verified"]
 
 
 def test_online_policy_re_times_plain_decoding_while_drafting():
@@ -176,7 +224,7 @@ def test_a_measured_prior_decides_the_first_rounds():
     # A draft measured as good: drafting from the first round, at the K the
     # formula gives for that acceptance.
     good = DraftPolicy(8, costs(), prior=0.95)
-    assert good.choose() == best_k_formula(measured, good.acceptance()[0]) > 0
+    assert good.choose() == best_k_formula(measured, good.acceptance.per_position()[0]) > 0
     # It is evidence, not a setting: observations outweigh it.
     for _ in range(40):
         poor.update(4, 4)
@@ -191,17 +239,17 @@ def test_no_probe_whose_catch_up_costs_more_than_it_could_save():
     costs = CostModel(draft=0.55, target=list(COMPUTE_BOUND.target), draft_prefill=0.2)
     policy = DraftPolicy(8, costs)
     assert policy.best_k() == 0 and policy.could_pay()
-    acc = [policy.optimistic_acceptance()] * 8
+    acc = [policy.acceptance.optimistic()] * 8
     best = max(policy.rate(k, acc) for k in range(1, 9))
     per_token = 1.0 / policy.rate(0) - 1.0 / best  # the most a probe could save per token
     skipped = 400  # a long prompt the draft has not seen
     break_even = skipped * costs.draft_prefill / per_token
-    assert not policy.could_pay(remaining=int(break_even * 0.9), skipped=skipped)
-    assert policy.could_pay(remaining=int(break_even * 1.1) + 1, skipped=skipped)
+    assert not policy.could_pay(remaining=int(break_even * 0.9), lag=skipped)
+    assert policy.could_pay(remaining=int(break_even * 1.1) + 1, lag=skipped)
     # Through choose(): on schedule, the probe runs only where it could pay back.
-    ks = [policy.choose(remaining=10, skipped=skipped) for _ in range(100)]
+    ks = [policy.choose(remaining=10, lag=skipped) for _ in range(100)]
     assert ks == [0] * 100
-    assert policy.choose(remaining=100000, skipped=skipped) == DraftPolicy.PROBE_K
+    assert policy.choose(remaining=100000, lag=skipped) == DraftPolicy.PROBE_K
     # The catch-up cost round-trips with a stored calibration (older files: half a draft token).
     assert CostModel.from_dict(costs.to_dict()) == costs
     assert CostModel.from_dict({"draft": 0.4, "target": [1.0]}).draft_prefill == 0.2
@@ -216,9 +264,9 @@ def test_no_drafting_whose_catch_up_cannot_be_won_back():
     # A long prompt the draft has not seen, and a few tokens left: plain decoding.
     skipped = 2 + 500
     few = int(500 * CHEAP_BATCH.draft_prefill / per_token * 0.9)
-    assert policy.choose(remaining=few, skipped=skipped) == 0
+    assert policy.choose(remaining=few, lag=skipped) == 0
     # Enough tokens left to repay the catch-up: draft.
-    assert policy.choose(remaining=int(few / 0.9 * 1.1) + 1, skipped=skipped) == k
+    assert policy.choose(remaining=int(few / 0.9 * 1.1) + 1, lag=skipped) == k
     # The usual lag of a drafting round (up to 2 tokens) is part of the draft's cost.
-    assert policy.choose(remaining=1, skipped=2) == k
+    assert policy.choose(remaining=1, lag=2) == k
     assert policy.choose() == k  # nothing known about the run: the formula alone

@@ -209,3 +209,64 @@ def test_quick_sum_shortcut_never_changes_a_decision(v):
                     assert got == {(n_ref, tok_ref)}
     finally:
         specgguf.set_kernel(before)
+
+
+def canonical_total(row):
+    """The row total exactly as cpp/verify.h defines it: chunks of 256, 32
+    double lanes added in index order, folded in halves, chunks in sequence."""
+    x = np.asarray(row, np.float64)
+    total = 0.0
+    for start in range(0, len(x), 256):
+        chunk = x[start:start + 256]
+        lanes = np.zeros(32)
+        for j in range(0, len(chunk), 32):
+            block = chunk[j:j + 32]
+            lanes[:len(block)] += block
+        for half in (16, 8, 4, 2, 1):
+            lanes[:half] += lanes[half:2 * half]
+        total += lanes[0]
+    return total
+
+
+def test_quick_sum_bound_is_rigorous_on_rows_that_maximise_float_error():
+    """A row whose float32 sum loses almost all of its small entries (one 1.0,
+    then 2^20 - 1 entries of 2^-25: added in order, each rounds away) is as far
+    from its double total as a float sum can be, at V = 2^20. Around the exact
+    threshold, every kernel path must take the canonical double totals'
+    decision (float and double errors, and the test's own roundings, are all
+    inside the bound)."""
+    v = 1 << 20
+    p = np.full((2, v), 2.0**-25, np.float32)
+    p[:, 0] = 1.0
+    q = np.ones((1, v), np.float32)
+    t = 5
+    P, Q = canonical_total(p[0]), canonical_total(q[0])
+    assert abs(float(np.float32(p[0].sum(dtype=np.float32))) - P) > 0  # float sums really lose mass
+    ratio = (float(p[0, t]) * Q) / (float(q[0, t]) * P)
+    before = specgguf.get_kernel()
+    try:
+        for rel in [-0.2, -0.07, -0.0625, -0.03, -1e-6, -1e-12, 0.0, 1e-12, 1e-6, 0.03, 0.0625, 0.07, 0.2]:
+            u0 = ratio * (1 + rel)
+            u = np.array([u0, 0.5])
+            want = u0 * float(q[0, t]) * P < float(p[0, t]) * Q  # the double totals' test
+            for name in specgguf.kernels():
+                specgguf.set_kernel(name)
+                n, _ = specgguf.accept_uniforms(p, q, [t], u)
+                assert (n == 1) == want, (name, rel)
+    finally:
+        specgguf.set_kernel(before)
+
+
+def test_sampling_at_the_top_of_the_unit_interval():
+    """u just below 1 samples the last token with mass, on every path."""
+    p = np.zeros((1, 512), np.float32)
+    p[0, [3, 300, 400]] = [0.5, 0.25, 0.75]
+    u = np.array([np.nextafter(1.0, 0.0)])
+    for name in specgguf.kernels():
+        before = specgguf.get_kernel()
+        specgguf.set_kernel(name)
+        try:
+            assert specgguf.accept_uniforms(p, np.zeros((0, 512), np.float32), [], u) == (0, 400)
+            assert specgguf.accept_onehot_uniforms(p, [], u) == (0, 400)
+        finally:
+            specgguf.set_kernel(before)

@@ -10,11 +10,8 @@ import zlib
 
 import numpy as np
 import pytest
-from scipy import stats
-
 import specgguf
-
-ALPHA = 1e-3  # fixed seeds: a pass is deterministic; this is the test's level
+from tests.conftest import ALPHA, chi2_pvalue
 
 
 def normalize(x):
@@ -42,30 +39,6 @@ def run_rounds(p, q, k, n_rounds, seed):
 def length_law(a, k):
     law = np.array([a**j * (1 - a) for j in range(k)] + [a**k])
     return law
-
-
-def chi2_pvalue(counts, probs):
-    """Chi-square p-value, pooling bins whose expected count is below 5."""
-    if np.any((probs == 0) & (counts > 0)):
-        return 0.0  # an outcome the law forbids
-    n = counts.sum()
-    exp = probs * n
-    order = np.argsort(exp)
-    obs_b, exp_b, acc_o, acc_e = [], [], 0.0, 0.0
-    for i in order:
-        acc_o += counts[i]
-        acc_e += exp[i]
-        if acc_e >= 5:
-            obs_b.append(acc_o)
-            exp_b.append(acc_e)
-            acc_o = acc_e = 0.0
-    if acc_e > 0 and exp_b:
-        obs_b[-1] += acc_o
-        exp_b[-1] += acc_e
-    if len(obs_b) < 2:
-        return 1.0
-    exp_b = np.array(exp_b) * (n / np.sum(exp_b))  # float rounding of the law
-    return stats.chisquare(obs_b, exp_b).pvalue
 
 
 def zipf(v, s, rng):

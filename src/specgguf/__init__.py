@@ -1,35 +1,40 @@
 """specgguf: exact speculative decoding for two GGUF models on small CPUs.
 
-Low level: :func:`verify_greedy`, :func:`accept` (the verification ops) and
-:class:`SpeculativeDecoder` (the draft/verify loop over your own callbacks).
+High level (needs llama-cpp-python): :func:`generate`, :class:`SpeculativeLlama`
+(also Llama-shaped: ``create_completion`` / ``create_chat_completion``) and
+:class:`DraftModel` (a GGUF draft inside ``llama_cpp.Llama``).
+
+Low level: the verification ops (:func:`verify_greedy`, :func:`accept`,
+:func:`accept_onehot`, :func:`accept_invariant`), :class:`SpeculativeDecoder`
+(the draft/verify loop over your own callbacks) and :class:`GenerationConfig`.
+
+Names are imported on first use: ``import specgguf`` is instant (the CLI
+starts fast, and a Ctrl-C during start-up lands in code that handles it), and
+the ops work without llama-cpp-python (the aarch64 emulation job).
 """
 
-from .decoder import DecoderStats, SpeculativeDecoder
-from .verify import (accept, accept_onehot, accept_onehot_uniforms, accept_uniforms, get_kernel, kernels,
-                     set_kernel, verify_greedy)
+import importlib
 
-__all__ = [
-    "GenerationResult",
-    "SpeculativeLlama",
-    "generate",
-    "DecoderStats",
-    "SpeculativeDecoder",
-    "accept",
-    "accept_onehot",
-    "accept_onehot_uniforms",
-    "accept_uniforms",
-    "get_kernel",
-    "kernels",
-    "set_kernel",
-    "verify_greedy",
-]
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+
+_WHERE = {
+    "GenerationConfig": "config",
+    "DecoderStats": "decoder", "SpeculativeDecoder": "decoder",
+    "Draft": "drafter", "Drafter": "drafter",
+    "generate": "api", "SpeculativeLlama": "api", "GenerationResult": "api",
+    "DraftModel": "draft_model",
+    **{name: "verify" for name in ("accept", "accept_invariant", "accept_onehot", "accept_onehot_uniforms",
+                                   "accept_uniforms", "get_kernel", "kernels", "race_pick", "race_uniforms",
+                                   "set_kernel", "verify_greedy")},
+}
+__all__ = sorted(_WHERE)
 
 
 def __getattr__(name: str):
-    # The llama.cpp layer is imported on first use, so the ops and the decoder
-    # work without llama-cpp-python (e.g. the aarch64 emulation job).
-    if name in ("generate", "SpeculativeLlama", "GenerationResult"):
-        from . import api
-        return getattr(api, name)
+    if name in _WHERE:
+        return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
     raise AttributeError(f"module 'specgguf' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

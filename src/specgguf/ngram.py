@@ -10,19 +10,21 @@ code edits, summaries that quote, repeated boilerplate.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from .drafter import Draft, Drafter
 
 
-class NgramDraft:
-    """``draft_step`` that looks the context's last n tokens up in the context.
+class NgramDrafter:
+    """A :class:`~specgguf.drafter.Drafter` that looks the context's last n
+    tokens up in the context.
 
     Args:
         n_max: longest suffix tried first.
         n_min: shortest suffix accepted as a match.
 
-    Returns from ``draft_step(prefix, k)``: ``(tokens [<= k], None, info)``
-    with ``info = {"onehot": True, "stop": "max" | "end"}``; no match gives no
-    tokens (``"end"``).
+    ``propose`` returns a one-hot :class:`Draft`; no match gives no tokens
+    (``stop="end"``). The index is kept incrementally while the context grows.
     """
 
     def __init__(self, n_max: int = 5, n_min: int = 2) -> None:
@@ -32,39 +34,43 @@ class NgramDraft:
         self._seq: List[int] = []
         self._index: Dict[Tuple[int, ...], int] = {}  # n-gram -> latest position after it
 
-    def _sync(self, prefix: List[int]) -> None:
+    def lag(self, context: Sequence[int]) -> int:
+        return 0  # a dictionary lookup has nothing to catch up on
+
+    def _sync(self, context: Sequence[int]) -> None:
         n0 = len(self._seq)
-        if len(prefix) < n0 or prefix[:n0] != self._seq:  # a new context: rebuild
+        if len(context) < n0 or list(context[:n0]) != self._seq:  # a new context: rebuild
             self._seq, self._index, n0 = [], {}, 0
-        self._seq = list(prefix)
+        self._seq = list(context)
         # Index continuation starts p in [old end, new end - 1]: each n-gram
         # ending at p maps to p, later occurrences overwriting earlier ones.
-        seq, start = self._seq, max(n0, 1)
-        for p in range(start, len(seq)):
+        seq = self._seq
+        for p in range(max(n0, 1), len(seq)):
             for n in range(self.n_min, min(self.n_max, p) + 1):
                 self._index[tuple(seq[p - n:p])] = p
 
-    def draft_step(self, prefix: List[int], k: int, p_min: Optional[float] = None
-                   ) -> Tuple[List[int], None, dict]:
-        """Propose up to k tokens (p_min is ignored: a lookup has no confidence)."""
-        self._sync(prefix)
+    def propose(self, context: Sequence[int], k: int, p_min: Optional[float] = None) -> Draft:
+        """Up to k tokens (p_min is ignored: a lookup has no confidence)."""
+        self._sync(context)
         seq, end = self._seq, len(self._seq)
         for n in range(min(self.n_max, end), self.n_min - 1, -1):
             p = self._index.get(tuple(seq[end - n:]))
             if p is not None and p < end:
                 tokens = seq[p:p + k]
-                return tokens, None, {"onehot": True, "stop": "max" if len(tokens) == k else "end"}
-        return [], None, {"onehot": True, "stop": "end"}
+                return Draft(tokens, onehot=True, stop="max" if len(tokens) == k else "end")
+        return Draft([], onehot=True, stop="end")
 
 
-class FallbackDraft:
-    """Try ``first`` (e.g. an n-gram lookup); if it proposes nothing, use ``second``."""
+class FallbackDrafter:
+    """Try ``first`` (e.g. an n-gram lookup); if it proposes nothing, ``second``.
+    The lag is the second's: the first is a lookup with nothing to catch up on."""
 
-    def __init__(self, first: Callable, second: Callable) -> None:
+    def __init__(self, first: Drafter, second: Drafter) -> None:
         self.first, self.second = first, second
 
-    def draft_step(self, prefix: List[int], k: int, p_min: Optional[float] = None) -> tuple:
-        out = self.first(prefix, k)
-        if out[0]:
-            return out
-        return self.second(prefix, k) if p_min is None else self.second(prefix, k, p_min=p_min)
+    def lag(self, context: Sequence[int]) -> int:
+        return self.second.lag(context)
+
+    def propose(self, context: Sequence[int], k: int, p_min: Optional[float] = None) -> Draft:
+        draft = self.first.propose(context, k)
+        return draft if draft.tokens else self.second.propose(context, k, p_min)

@@ -1,28 +1,31 @@
-"""Choosing the draft length each round: speculate only when it pays.
+"""How many tokens to draft each round (``k="auto"``), in three small parts.
 
-With per-position acceptance a_0, a_1, ... (a_i = P(draft token i accepted |
-tokens before it accepted)), a round that drafts K tokens emits on average
+The rule (Leviathan et al.): if the draft's i-th token of a round is accepted
+with probability a_i given the ones before it were, a round that drafts K
+tokens emits E(K) = 1 + a_0 + a_0 a_1 + ... + a_0 ... a_{K-1} tokens and costs
+K draft forwards plus one target forward over K+1 tokens. The best K is the
+one with the most expected tokens per second, E(K) / (K c_draft + T(K+1));
+K = 0 is plain decoding, E = 1 at cost T(1).
 
-    E(K) = 1 + a_0 + a_0 a_1 + ... + a_0 ... a_{K-1}
+* :class:`AcceptanceEstimate` holds what is known of the a_i: decayed counts
+  of verified and accepted draft positions from this run, plus what was
+  known before it (a measured acceptance and what earlier runs learned,
+  together worth at most ``PRIOR_CAP`` observations). Only this run's counts
+  are handed to the state store, so a prior is never counted twice.
+* :class:`CostTracker` holds c_draft, T(1..k_max+1) and the draft's per-token
+  catch-up cost, starting from a conservative prior (or stored costs) and
+  refined from the run's own timed forwards when the clock may change nothing
+  (greedy runs, and sampling that is unseeded or drafter-invariant).
+* :class:`DraftPolicy` chooses K each round from the two: the best K if it
+  beats plain decoding by ``DRAFT_MARGIN`` and repays the draft's catch-up on
+  the tokens it has not seen; while K = 0, an occasional short probe (backing
+  off while probes fail) if the draft could still pay; one plain round in
+  ``BASELINE_EVERY`` to re-time plain decoding; and, with ``p_min="auto"``, a
+  learned confidence cutoff.
 
-tokens and costs ``K * draft + target(K + 1)`` (one draft forward per token,
-one target forward over K+1 tokens, whose cost is not linear in K). The
-policy picks the K in 0..k_max with the most expected tokens per unit of
-cost (Leviathan et al.'s speedup formula with measured terms); K = 0 is plain
-target decoding, kept unless drafting is expected to win by 5%. Acceptance is estimated online from counts that decay with
-each verified position. While K = 0 is chosen, a probe round (K = 3) runs on
-a fixed round schedule (backing off while probes fail) so that a draft that
-becomes good again is noticed - but only while the draft could still pay:
-at the calibrated costs and an optimistic acceptance (the upper end of what
-the counts allow, widening again as idle rounds pass) it must beat plain
-decoding by 5%. A probe is not free: the draft first catches up on every
-token it skipped, which is why a draft known to be poor is not probed often,
-and no probe runs when the tokens left to generate could not repay that.
-A measured acceptance (the calibration's) can start the counts, so a
-poor draft is known as such from the first round.
-
-Reproducibility: with ``online_costs=False`` nothing here depends on the clock,
-so a seeded run makes the same choices (and draws the same randoms) every time.
+Nothing here touches models, files or the clock: the decoder reports each
+round (:meth:`DraftPolicy.update`) and asks for the next K
+(:meth:`DraftPolicy.choose`).
 """
 
 from __future__ import annotations
@@ -33,17 +36,21 @@ from typing import Dict, List, Optional, Sequence
 
 @dataclass
 class CostModel:
-    """Forward costs, in any one unit (seconds or relative).
+    """Forward costs, in any one unit (seconds, or relative to T(1)).
 
     ``draft``: one draft token. ``target[b - 1]``: one target forward over b
     tokens, for b = 1..len(target); longer batches extrapolate linearly.
     ``draft_prefill``: per token, the draft catching up on tokens it skipped
     (one batched forward; what a probe pays first after K = 0 rounds).
-    ``seconds``: the unit is seconds (a calibration), not relative (defaults).
+    ``seconds``: the unit is seconds (measured), not relative (the prior).
+
+    The default is a conservative prior: a draft token at 0.4 of a target
+    token and a batch of b at 1 + 0.2 (b - 1), so a draft must accept often
+    before drafting looks worth it; live timings replace it within rounds.
     """
 
-    draft: float = 0.3
-    target: List[float] = field(default_factory=lambda: [1.0 + 0.15 * b for b in range(9)])
+    draft: float = 0.4
+    target: List[float] = field(default_factory=lambda: [1.0 + 0.2 * b for b in range(9)])
     seconds: bool = False
     draft_prefill: float = 0.1
 
@@ -54,43 +61,275 @@ class CostModel:
         slope = (t[-1] - t[-2]) if len(t) > 1 else t[-1]
         return t[-1] + slope * (b - len(t))
 
+    def scaled(self, factor: float) -> "CostModel":
+        """Every cost times ``factor``, in seconds (a relative prior meeting its
+        first measurement)."""
+        return CostModel(self.draft * factor, [t * factor for t in self.target], True,
+                         self.draft_prefill * factor)
+
+    def copy(self) -> "CostModel":
+        return CostModel.from_dict(self.to_dict())
+
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> "CostModel":
         return cls(draft=float(d["draft"]), target=[float(x) for x in d["target"]],
-                   seconds=bool(d.get("seconds", True)),
+                   seconds=bool(d.get("seconds", cls.seconds)),
                    draft_prefill=float(d.get("draft_prefill", 0.5 * float(d["draft"]))))
 
 
+class CostTracker:
+    """Forward costs as the run measures them.
+
+    Args:
+        costs: where to start (stored costs, or the relative prior).
+        online: refine from timed rounds; False keeps ``costs`` unchanged (a
+            seeded run with p/q verification must not read the clock).
+    """
+
+    def __init__(self, costs: Optional[CostModel] = None, online: bool = False) -> None:
+        self.costs = (costs or CostModel()).copy()
+        # Probes are gated on these starting costs, not on the live ones: one
+        # slow round on a noisy machine must not start probing.
+        self.start = self.costs.copy()
+        self.online = online
+        self.samples: Dict[object, int] = {}  # live samples per cost entry
+
+    def _blend(self, key: object, old: float, new: float) -> float:
+        # A running mean over the first samples (the starting value counts as
+        # one), then an EMA: shared machines are noisy.
+        n = self.samples.get(key, 0)
+        self.samples[key] = n + 1
+        return old + max(0.1, 1.0 / (n + 2)) * (new - old)
+
+    def observe(self, drafted: int, draft_seconds: Optional[float], target_seconds: Optional[float],
+                draft_caught_up: bool) -> None:
+        """One round's timings. ``draft_caught_up``: the draft first evaluated
+        tokens it had skipped, so its time is not the cost of drafted tokens."""
+        if not self.online or target_seconds is None or target_seconds <= 0:
+            return
+        if not self.costs.seconds:  # first measurement: rescale the relative prior
+            self.costs = self.costs.scaled(target_seconds / self.costs.target_cost(drafted + 1))
+        if draft_seconds is not None and drafted > 0 and not draft_caught_up:
+            self.costs.draft = self._blend("draft", self.costs.draft, draft_seconds / drafted)
+        t, b = self.costs.target, drafted + 1
+        while len(t) < b:
+            t.append(self.costs.target_cost(len(t) + 1))
+        t[b - 1] = self._blend(b, t[b - 1], target_seconds)
+
+
+def _expected_tokens(k: int, acc: Sequence[float]) -> float:
+    e, run = 1.0, 1.0
+    for i in range(k):
+        run *= acc[i]
+        e += run
+    return e
+
+
+def rate(k: int, acc: Sequence[float], costs: CostModel) -> float:
+    """Expected tokens per unit cost when drafting k tokens a round."""
+    return _expected_tokens(k, acc) / (k * costs.draft + costs.target_cost(k + 1))
+
+
+class Counts:
+    """Decayed counts of verified and accepted draft positions, per position
+    and overall (a measured prior counts once overall, at every position)."""
+
+    def __init__(self, k_max: int) -> None:
+        self.accepted = [0.0] * k_max
+        self.verified = [0.0] * k_max
+        self.total = [0.0, 0.0]  # accepted, verified
+
+    def decay(self, d: float) -> None:
+        self.accepted = [a * d for a in self.accepted]
+        self.verified = [v * d for v in self.verified]
+        self.total = [t * d for t in self.total]
+
+    def add(self, verified: int, accepted: int) -> None:
+        for i in range(min(verified, len(self.verified))):
+            self.verified[i] += 1.0
+            self.accepted[i] += 1.0 if i < accepted else 0.0
+        self.total[0] += accepted
+        self.total[1] += verified
+
+    def add_scaled(self, other: "Counts", f: float) -> None:
+        for i in range(min(len(other.verified), len(self.verified))):
+            self.accepted[i] += other.accepted[i] * f
+            self.verified[i] += other.verified[i] * f
+        self.total[0] += other.total[0] * f
+        self.total[1] += other.total[1] * f
+
+    def to_dict(self) -> dict:
+        return {"accepted": list(self.accepted), "verified": list(self.verified), "total": list(self.total)}
+
+    @classmethod
+    def from_dict(cls, d: dict, k_max: int) -> "Counts":
+        c = cls(k_max)
+        a, v = [float(x) for x in d["accepted"]], [float(x) for x in d["verified"]]
+        n = min(len(a), len(v), k_max)
+        c.accepted[:n], c.verified[:n] = a[:n], v[:n]
+        c.total = [float(x) for x in d["total"]][:2]
+        if len(c.total) != 2:
+            raise ValueError("total needs two values")
+        return c
+
+
+class AcceptanceEstimate:
+    """Per-position acceptance of the draft.
+
+    Args:
+        k_max: draft positions tracked.
+        prior: a measured per-token acceptance (e.g. by calibrate()), worth
+            PRIOR_CAP observations at every position; None: none.
+        decay: per-observation decay of every count (memory ~ 1/(1 - decay)).
+    """
+
+    PRIOR_CAP = 8.0     # what was known before the run counts as at most this many observations
+    PRIOR_WEIGHT = 2.0  # shrinkage of each position towards the overall rate
+    IDLE_FORGET = 0.995  # per round without evidence, on the evidence used to rule probes out
+
+    def __init__(self, k_max: int, prior: Optional[float] = None, decay: float = 0.95) -> None:
+        if prior is not None and not 0.0 <= float(prior) <= 1.0:
+            raise ValueError(f"prior must be None or in [0, 1], got {prior!r}")
+        self.decay = decay
+        self.before = Counts(k_max)  # known before this run: measured prior, earlier runs
+        self.run = Counts(k_max)     # observed since the last hand-over to the store
+        self.run_decay = 1.0         # how much `before` decayed meanwhile
+        self.rounds_without_evidence = 0
+        if prior is not None:
+            # Evidence like any other, at every position (one early rejection
+            # must not outweigh it); observations decay it.
+            self.before.accepted = [float(prior) * self.PRIOR_CAP] * k_max
+            self.before.verified = [self.PRIOR_CAP] * k_max
+            self.before.total = [float(prior) * self.PRIOR_CAP, self.PRIOR_CAP]
+
+    def totals(self) -> tuple:
+        """(accepted, verified) overall, before and during the run."""
+        return self.before.total[0] + self.run.total[0], self.before.total[1] + self.run.total[1]
+
+    def per_position(self) -> List[float]:
+        """Estimated conditional acceptance per draft position, shrunk to the overall rate."""
+        acc, ver = self.totals()
+        overall = (acc + 1.0) / (ver + 2.0)
+        w = self.PRIOR_WEIGHT
+        return [(a0 + a1 + w * overall) / (v0 + v1 + w) for a0, a1, v0, v1 in
+                zip(self.before.accepted, self.run.accepted, self.before.verified, self.run.verified)]
+
+    def optimistic(self) -> float:
+        """The upper end (one sigma) of the per-token acceptance the counts
+        allow, the evidence thinning as rounds without it pass; at most 0.99."""
+        f = self.IDLE_FORGET ** self.rounds_without_evidence
+        acc, ver = self.totals()
+        n = ver * f
+        g = (acc * f + 1.0) / (n + 2.0)
+        return min(0.99, g + (g * (1.0 - g) / (n + 1.0)) ** 0.5)
+
+    def observe(self, verified: int, accepted: int) -> None:
+        """A round whose verifier decided ``verified`` positions, accepting the first ``accepted``."""
+        if not verified:
+            return
+        # Decay per observed round, so rounds without drafting do not erase what was learned.
+        self.rounds_without_evidence = 0
+        self.before.decay(self.decay)
+        self.run.decay(self.decay)
+        self.run_decay *= self.decay
+        self.run.add(verified, accepted)
+
+    def add_before(self, evidence: Optional[dict]) -> None:
+        """Add what earlier runs learned (a stored :meth:`hand_over` sum),
+        scaled down to at most PRIOR_CAP observations, to what was known
+        before. Added, not substituted: stored evidence rarely reaches the
+        deeper positions, where the measured prior must stay."""
+        k_max = len(self.before.verified)
+        try:
+            stored = Counts.from_dict(evidence, k_max)
+        except (KeyError, TypeError, ValueError):
+            return  # none, or an old or damaged record: learn from scratch
+        n = stored.total[1]
+        self.before.add_scaled(stored, min(1.0, self.PRIOR_CAP / n) if n > 0 else 0.0)
+
+    def hand_over(self) -> dict:
+        """This run's contribution for the store, then start a new one:
+        ``{"counts", "decay"}``, to be merged as ``stored * decay + counts``
+        (:func:`merge_evidence`)."""
+        out = {"counts": self.run.to_dict(), "decay": self.run_decay}
+        self.before.add_scaled(self.run, 1.0)
+        self.run = Counts(len(self.before.verified))
+        self.run_decay = 1.0
+        return out
+
+
+def merge_evidence(stored: Optional[dict], contribution: dict) -> dict:
+    """Stored evidence decayed by what the run observed, plus the run's counts.
+    Concurrent runs each apply their own contribution: none is lost. A
+    damaged stored record is replaced by the contribution."""
+    counts = contribution["counts"]
+    k_max = len(counts["verified"])
+    merged = Counts.from_dict(counts, k_max)
+    try:
+        merged.add_scaled(Counts.from_dict(stored, k_max), contribution["decay"])
+    except (KeyError, TypeError, ValueError):
+        pass
+    return merged.to_dict()
+
+
+class ConfidenceBins:
+    """Acceptance by the draft's confidence in its token, in ten bins: what
+    ``p_min="auto"`` learns its cutoff from."""
+
+    BINS = 10
+
+    def __init__(self) -> None:
+        self.accepted = [0.0] * self.BINS
+        self.verified = [0.0] * self.BINS
+
+    def observe(self, verified: int, accepted: int, confidences: Optional[Sequence[float]],
+                decay: float) -> None:
+        if verified:
+            self.accepted = [a * decay for a in self.accepted]
+            self.verified = [v * decay for v in self.verified]
+        for i in range(min(verified, 0 if confidences is None else len(confidences))):
+            b = min(self.BINS - 1, max(0, int(confidences[i] * self.BINS)))
+            self.verified[b] += 1.0
+            self.accepted[b] += 1.0 if i < accepted else 0.0
+
+    def acceptance(self, b: int) -> float:
+        prior = (b + 0.5) / self.BINS  # before data: confidence ~ acceptance
+        w = AcceptanceEstimate.PRIOR_WEIGHT
+        return (self.accepted[b] + w * prior) / (self.verified[b] + w)
+
+    def cutoff(self, need: float) -> float:
+        """The lowest confidence whose bin, and every bin above it, accepts at least ``need``."""
+        for b in range(self.BINS):
+            if all(self.acceptance(j) >= need for j in range(b, self.BINS)):
+                return b / self.BINS
+        return 1.0
+
+
 class DraftPolicy:
-    """Online choice of K (and of the draft confidence cutoff ``p_min``).
+    """The choice of K each round (and of the draft confidence cutoff ``p_min``).
 
     Args:
         k_max: largest draft length considered.
-        costs: initial :class:`CostModel` (a calibration; defaults otherwise).
-        online_costs: refine costs from measured round timings (EMA). Leave
-            False for seeded sampling runs so they stay reproducible.
-        decay: per-round decay of the acceptance counts (memory ~ 1/(1-decay)).
+        costs: the starting :class:`CostModel` (stored costs; the relative
+            prior otherwise).
+        online_costs: refine costs from timed rounds (see :class:`CostTracker`).
+        decay: per-round decay of the acceptance counts.
         probe_every: K = 0 rounds between probes; doubles after a probe that
             does not pay, up to 32x.
         p_min: None (no cutoff), a float, or "auto" (learned: stop drafting
             when the draft's confidence predicts an acceptance below what one
             more draft token costs).
-        prior: the draft's per-token acceptance measured beforehand (e.g. by
-            :meth:`~specgguf.llama_adapter.LlamaPair.measure_acceptance`),
-            counted as PRIOR_CAP observations; None: no prior (a uniform one).
+        prior: the draft's per-token acceptance measured beforehand, worth
+            ``AcceptanceEstimate.PRIOR_CAP`` observations; None: none.
     """
 
-    PRIOR_WEIGHT = 2.0
-    PRIOR_CAP = 8.0         # a measured or stored prior counts as at most this many observations
-    BINS = 10
-    PROBE_K = 3             # drafts per probe: the catch-up dominates its cost, so learn more
-    BASELINE_EVERY = 32     # online: one plain round this often while drafting, to re-time it
-    DRAFT_MARGIN = 1.05     # draft only when it is expected to beat plain decoding by this
-    PROBE_MARGIN = 1.05     # probes run only if the draft could beat plain decoding by this
-    IDLE_FORGET = 0.995     # per idle round, on the evidence used to rule probes out
+    PROBE_K = 3           # drafts per probe: the catch-up dominates its cost, so learn more
+    BASELINE_EVERY = 32   # online: one plain round this often while drafting, to re-time it
+    DRAFT_MARGIN = 1.05   # draft only when it is expected to beat plain decoding by this
+    PROBE_MARGIN = 1.05   # probes run only if the draft could beat plain decoding by this
 
     def __init__(self, k_max: int = 8, costs: Optional[CostModel] = None, *, online_costs: bool = False,
                  decay: float = 0.95, probe_every: int = 16, p_min=None,
@@ -99,154 +338,88 @@ class DraftPolicy:
             raise ValueError(f"k_max must be >= 1, got {k_max}")
         if p_min is not None and p_min != "auto" and not 0.0 <= float(p_min) <= 1.0:
             raise ValueError(f"p_min must be None, 'auto' or in [0, 1], got {p_min!r}")
-        if prior is not None and not 0.0 <= float(prior) <= 1.0:
-            raise ValueError(f"prior must be None or in [0, 1], got {prior!r}")
         self.k_max = k_max
-        self.costs = costs or CostModel()
-        # Probes are gated on these (the calibration), not on the live
-        # estimates: one slow round on a noisy machine must not start probing.
-        self.calibrated = CostModel.from_dict(self.costs.to_dict())
-        self.online_costs = online_costs
-        self.decay = decay
-        self.probe_base = probe_every
-        self.probe_every = probe_every
+        self.acceptance = AcceptanceEstimate(k_max, prior, decay)
+        self.tracker = CostTracker(costs, online_costs)
         self.p_min_setting = p_min
-        # A measured prior is evidence like any other, at every position (one
-        # early rejection must not outweigh it); observations decay it.
-        n = 0.0 if prior is None else self.PRIOR_CAP
-        a = 0.0 if prior is None else float(prior) * n
-        self.acc, self.tried = [a] * k_max, [n] * k_max
-        self.total_acc, self.total_tried = a, n
-        self.bin_acc = [0.0] * self.BINS
-        self.bin_tried = [0.0] * self.BINS
-        self.zero_rounds = 0
-        self.idle_rounds = 0
-        self.busy_rounds = 0  # rounds since the last plain (K = 0) one
-        self._samples: Dict[object, int] = {}  # live cost samples per key
-        self.probing = False
-        self._after_idle = True
+        self.probe_base = self.probe_every = probe_every
+        self.plain_rounds = 0            # K = 0 rounds since the last probe or drafting round
+        self.rounds_since_plain = 0      # drafting rounds since the last plain one
+        self.probing = False             # this round is a probe
+        self.after_plain = True          # the last round drafted nothing: the draft lags
+        self.by_confidence = ConfidenceBins()
+
+    @property
+    def costs(self) -> CostModel:
+        return self.tracker.costs
 
     # -- estimates -----------------------------------------------------------
-    def acceptance(self) -> List[float]:
-        """Estimated conditional acceptance per draft position (shrunk to the global rate)."""
-        g = (self.total_acc + 1.0) / (self.total_tried + 2.0)
-        w = self.PRIOR_WEIGHT
-        return [(a + w * g) / (t + w) for a, t in zip(self.acc, self.tried)]
-
-    def expected_tokens(self, k: int, acc: Optional[Sequence[float]] = None) -> float:
-        acc = self.acceptance() if acc is None else acc
-        e, run = 1.0, 1.0
-        for i in range(k):
-            run *= acc[i]
-            e += run
-        return e
-
-    def rate(self, k: int, acc: Optional[Sequence[float]] = None,
-             costs: Optional[CostModel] = None) -> float:
+    def rate(self, k: int, acc: Optional[Sequence[float]] = None, costs: Optional[CostModel] = None) -> float:
         """Expected tokens per unit cost when drafting k (at ``costs``, default the live ones)."""
-        c = costs or self.costs
-        return self.expected_tokens(k, acc) / (k * c.draft + c.target_cost(k + 1))
+        return rate(k, self.acceptance.per_position() if acc is None else acc, costs or self.costs)
 
     def best_k(self, acc: Optional[Sequence[float]] = None) -> int:
         """The K with the best expected rate; 0 unless drafting is expected to
         beat plain decoding by DRAFT_MARGIN (the cost estimates are noisy, and
         a marginal win predicted is often a loss measured)."""
-        acc = self.acceptance() if acc is None else acc
+        acc = self.acceptance.per_position() if acc is None else acc
         rates = [self.rate(k, acc) for k in range(self.k_max + 1)]
         k = max(range(1, self.k_max + 1), key=lambda k: (rates[k], -k))
         return k if rates[k] > self.DRAFT_MARGIN * rates[0] else 0
 
-    def optimistic_acceptance(self) -> float:
-        """Upper end of the per-token acceptance the counts allow (one sigma:
-        a probe costs too much to chase long shots), the evidence thinning as
-        idle rounds pass; at most 0.99."""
-        f = self.IDLE_FORGET ** self.idle_rounds
-        n = self.total_tried * f
-        g = (self.total_acc * f + 1.0) / (n + 2.0)
-        return min(0.99, g + (g * (1.0 - g) / (n + 1.0)) ** 0.5)
-
-    def could_pay(self, remaining: Optional[int] = None, skipped: int = 0) -> bool:
-        """Whether, at the calibrated costs and the optimistic acceptance, some
-        K beats plain decoding by PROBE_MARGIN - and, given ``remaining``
-        tokens still to generate, could save more on them than the probe's
-        catch-up over ``skipped`` tokens costs (a long prompt near the end of
-        a short answer is not worth it)."""
-        acc = [self.optimistic_acceptance()] * self.k_max
-        rate = lambda k: self.rate(k, acc, self.calibrated)
-        best = max(range(1, self.k_max + 1), key=rate)
-        if rate(best) <= self.PROBE_MARGIN * rate(0):
+    def could_pay(self, remaining: Optional[int] = None, lag: int = 0) -> bool:
+        """Whether, at the starting costs and the optimistic acceptance, some
+        K beats plain decoding by PROBE_MARGIN, and could save more on the
+        ``remaining`` tokens than the draft's catch-up over ``lag`` tokens costs."""
+        acc = [self.acceptance.optimistic()] * self.k_max
+        start = self.tracker.start
+        best = max(range(1, self.k_max + 1), key=lambda k: self.rate(k, acc, start))
+        if self.rate(best, acc, start) <= self.PROBE_MARGIN * self.rate(0, acc, start):
             return False
-        return self.repays(best, remaining, skipped, acc, self.calibrated)
+        return self.repays(best, remaining, lag, acc, start)
 
-    def repays(self, k: int, remaining: Optional[int], skipped: int,
+    def repays(self, k: int, remaining: Optional[int], lag: int,
                acc: Optional[Sequence[float]] = None, costs: Optional[CostModel] = None) -> bool:
         """Whether drafting k per round over the ``remaining`` tokens is expected
-        to save more than the draft's catch-up on ``skipped`` unseen tokens
-        costs (a long prompt before a short answer may not be worth it). The
-        last 2 do not count: every drafting round catches up on that many,
-        and the draft's calibrated cost includes it."""
-        if remaining is None or skipped <= 2:
+        to save more than the draft's catch-up on ``lag`` unseen tokens costs
+        (a long prompt before a short answer may not be worth it). The last 2
+        do not count: every drafting round catches up on that many, and the
+        draft's cost includes it."""
+        if remaining is None or lag <= 2:
             return True
         c = costs or self.costs
         saving = remaining * (1.0 / self.rate(0, acc, c) - 1.0 / self.rate(k, acc, c))
-        return saving > (skipped - 2) * c.draft_prefill
-
-    # -- what carries over between runs ---------------------------------------
-    def state(self) -> Dict[str, object]:
-        """The learned acceptance, to seed a later policy for the same pair."""
-        return {"acc": list(self.acc), "tried": list(self.tried), "total_acc": self.total_acc,
-                "total_tried": self.total_tried}
-
-    def load_state(self, state: Optional[Dict[str, object]]) -> None:
-        """Add a stored :meth:`state`, scaled down to at most PRIOR_CAP
-        observations, to what the policy holds (its measured prior, if any).
-
-        Added, not substituted: a stored state has few observations at the
-        deeper positions (often none), and a policy that decodes plainly never
-        adds more, so alone it could keep a good draft's estimate low for good
-        - the measured prior fills those positions."""
-        if not state:
-            return
-        try:
-            tried = float(state["total_tried"])
-            f = min(1.0, self.PRIOR_CAP / tried) if tried > 0 else 0.0
-            acc = [float(x) * f for x in state["acc"]][: self.k_max]
-            tr = [float(x) * f for x in state["tried"]][: self.k_max]
-            total_acc = float(state["total_acc"]) * f
-        except (KeyError, TypeError, ValueError):
-            return  # an old or damaged file: learn from scratch
-        for i in range(len(acc)):
-            self.acc[i] += acc[i]
-            self.tried[i] += tr[i]
-        self.total_acc += total_acc
-        self.total_tried += tried * f
+        return saving > (lag - 2) * c.draft_prefill
 
     # -- the per-round calls ---------------------------------------------------
-    def choose(self, remaining: Optional[int] = None, skipped: int = 0) -> int:
+    def choose(self, remaining: Optional[int] = None, lag: int = 0) -> int:
         """K for the next round; ``remaining``: tokens left to generate (None:
-        unknown), ``skipped``: tokens the draft has not seen (what a probe
-        would first catch up on)."""
+        unknown); ``lag``: tokens of the context the draft has not evaluated
+        (what drafting now would first catch up on)."""
         k = self.best_k()
-        if k and not self.repays(k, remaining, skipped):
+        if k and not self.repays(k, remaining, lag):
             k = 0  # the draft's catch-up would cost more than it could win back
         self.probing = False
         if k == 0:
-            self.zero_rounds += 1
-            self.idle_rounds += 1
-            if self.zero_rounds >= self.probe_every and self.could_pay(remaining, skipped):
-                self.zero_rounds = 0
+            self.plain_rounds += 1
+            self.acceptance.rounds_without_evidence += 1
+            # Knowing nothing of the draft, any plain round may probe: waiting
+            # would cost a good draft's first run most of its speed-up.
+            due = self.plain_rounds >= self.probe_every or self.acceptance.totals()[1] == 0
+            if due and self.could_pay(remaining, lag):
+                self.plain_rounds = 0
                 self.probing = True
                 k = min(self.PROBE_K, self.k_max)
         else:
-            self.zero_rounds = 0
+            self.plain_rounds = 0
             self.probe_every = self.probe_base
-            self.busy_rounds += 1
-            # The cost of plain decoding is only measured in plain rounds; a
-            # stale, slow estimate of it would keep the policy drafting.
-            if self.online_costs and self.busy_rounds >= self.BASELINE_EVERY:
+            self.rounds_since_plain += 1
+            # Plain decoding is only timed in plain rounds; a stale, slow
+            # estimate of it would keep the policy drafting.
+            if self.tracker.online and self.rounds_since_plain >= self.BASELINE_EVERY:
                 k = 0
         if k == 0:
-            self.busy_rounds = 0
+            self.rounds_since_plain = 0
         return k
 
     def p_min(self) -> Optional[float]:
@@ -256,62 +429,19 @@ class DraftPolicy:
         # One more draft token costs `draft` plus the target's marginal batch
         # cost; at the current best rate that cost is worth `need` tokens.
         k = max(1, self.best_k())
-        marginal = self.costs.draft + self.costs.target_cost(k + 2) - self.costs.target_cost(k + 1)
-        need = marginal * self.rate(k)
-        for b in range(self.BINS):  # lowest confidence bin whose acceptance pays, and all above it
-            if all(self._bin_rate(j) >= need for j in range(b, self.BINS)):
-                return b / self.BINS
-        return 1.0
-
-    def _bin_rate(self, b: int) -> float:
-        prior = (b + 0.5) / self.BINS  # before data: confidence ~ acceptance
-        return (self.bin_acc[b] + self.PRIOR_WEIGHT * prior) / (self.bin_tried[b] + self.PRIOR_WEIGHT)
+        c = self.costs
+        return self.by_confidence.cutoff((c.draft + c.target_cost(k + 2) - c.target_cost(k + 1)) * self.rate(k))
 
     def update(self, drafted: int, accepted: int, confidences: Optional[Sequence[float]] = None,
                draft_cost: Optional[float] = None, target_cost: Optional[float] = None) -> None:
         """Record a round: ``drafted`` proposed, ``accepted`` kept; the draft's
-        confidence per proposed token; measured costs (used if online_costs)."""
+        confidence per proposed token; the round's measured forward times."""
         verified = min(drafted, accepted + 1)  # positions the verifier decided on
         if self.probing and drafted == 0:  # the draft had nothing (no n-gram match): probe again
-            self.zero_rounds = self.probe_every
-        if verified:  # decay per observation, so idle rounds do not erase what was learned
-            self.idle_rounds = 0
-            d = self.decay
-            self.acc = [a * d for a in self.acc]
-            self.tried = [t * d for t in self.tried]
-            self.total_acc *= d
-            self.total_tried *= d
-            self.bin_acc = [a * d for a in self.bin_acc]
-            self.bin_tried = [t * d for t in self.bin_tried]
-        for i in range(min(verified, self.k_max)):
-            self.tried[i] += 1.0
-            self.acc[i] += 1.0 if i < accepted else 0.0
-        self.total_tried += verified
-        self.total_acc += accepted
-        if confidences is not None:
-            for i in range(min(verified, len(confidences))):
-                b = min(self.BINS - 1, max(0, int(confidences[i] * self.BINS)))
-                self.bin_tried[b] += 1.0
-                self.bin_acc[b] += 1.0 if i < accepted else 0.0
+            self.plain_rounds = self.probe_every
+        self.acceptance.observe(verified, accepted)
+        self.by_confidence.observe(verified, accepted, confidences, self.acceptance.decay)
         if self.probing and drafted > 0 and self.best_k() == 0:
             self.probe_every = min(self.probe_every * 2, self.probe_base * 32)
-        if self.online_costs and target_cost is not None and target_cost > 0:
-            if not self.costs.seconds:  # first measurement: rescale the relative defaults
-                scale = target_cost / self.costs.target_cost(drafted + 1)
-                self.costs = CostModel(self.costs.draft * scale, [t * scale for t in self.costs.target],
-                                       seconds=True)
-            # A running mean over the first samples (the calibration counts
-            # as one), then an EMA: shared machines are noisy.
-            ema = lambda key: max(0.1, 1.0 / (self._samples.setdefault(key, 0) + 2))
-            # After K = 0 rounds the draft first catches up on skipped tokens:
-            # that round's draft time is not the cost of a drafted token.
-            if draft_cost is not None and drafted > 0 and not self._after_idle:
-                self.costs.draft += ema("draft") * (draft_cost / drafted - self.costs.draft)
-                self._samples["draft"] += 1
-            b = drafted + 1
-            t = self.costs.target
-            while len(t) < b:
-                t.append(self.costs.target_cost(len(t) + 1))
-            t[b - 1] += ema(b) * (target_cost - t[b - 1])
-            self._samples[b] += 1
-        self._after_idle = drafted == 0
+        self.tracker.observe(drafted, draft_cost, target_cost, draft_caught_up=self.after_plain)
+        self.after_plain = drafted == 0

@@ -95,3 +95,42 @@ def warp(logits: np.ndarray, temperature: float, top_k: int = 40, top_p: float =
         w = np.exp((vals[:keep] - vals[0]) / temperature)
         out[r, order[:keep]] = w / w.sum()
     return out
+
+
+_M64 = (1 << 64) - 1
+
+
+def _mix64(z: int) -> int:
+    z = (z + 0x9E3779B97F4A7C15) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def race_uniform(seed: int, position: int, token: int) -> float:
+    """Reference of the race's counter-based uniform U(seed, position, token)."""
+    h = _mix64(_mix64(_mix64(seed) ^ position) ^ token)
+    return ((h >> 11) + 0.5) * 2.0**-53
+
+
+def race_pick(row: np.ndarray, seed: int, position: int) -> int:
+    """Reference of :func:`specgguf.race_pick` for one ``[V]`` row of masses:
+    argmin over tokens with mass of -log(U) / mass (ties: lower index)."""
+    import math
+    best, pick = math.inf, -1
+    for t in np.flatnonzero(np.asarray(row) > 0):
+        e = -math.log(race_uniform(seed, position, int(t))) / float(row[t])
+        if e < best:
+            best, pick = e, int(t)
+    return pick
+
+
+def accept_invariant(target_probs: np.ndarray, draft_tokens: Sequence[int], seed: int,
+                     position: int) -> Tuple[int, int]:
+    """Reference of :func:`specgguf.accept_invariant`."""
+    target = np.asarray(target_probs)
+    for i in range(len(draft_tokens) + 1):
+        y = race_pick(target[i], seed, position + i)
+        if i == len(draft_tokens) or int(draft_tokens[i]) != y:
+            return i, y
+    raise AssertionError("unreachable")

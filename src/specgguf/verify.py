@@ -1,10 +1,11 @@
 """Verification ops: one speculative-decoding round's accept/reject decision.
 
-Both ops take the target model's rows for the K drafted positions plus one
+The ops take the target model's rows for the K drafted positions plus one
 (the bonus position) and return ``(n_accepted, next_token)``: keep
 ``draft_tokens[:n_accepted]`` and append ``next_token``. The work runs in the
-compiled extension ``specgguf._core`` (NEON on aarch64, AVX2 on x86-64 when the
-CPU has it, scalar otherwise; every path returns identical results).
+compiled extension ``specgguf._core`` (NEON on aarch64, AVX2 or AVX-512 on
+x86-64 when the CPU has it, scalar otherwise; every path returns identical
+results).
 
 Array arguments may be numpy arrays or anything numpy can view through the
 buffer protocol or ``__array__`` (torch CPU tensors included). float32
@@ -161,6 +162,66 @@ def accept_onehot_uniforms(target_probs: Any, draft_tokens: Sequence[int],
                            uniforms: Any) -> Tuple[int, int]:
     """:func:`accept_onehot` with the K+1 uniforms given (``[K+1]`` float64 in [0, 1))."""
     return _core.accept_onehot_uniforms(target_probs, draft_tokens, uniforms)
+
+
+def accept_invariant(target_probs: Any, draft_tokens: Sequence[int], seed: int,
+                     position: int) -> Tuple[int, int]:
+    """Drafter-invariant verification: the emitted tokens do not depend on the draft.
+
+    Output position j of a seeded generation owns one exponential variate per
+    token, ``E_j(t) = -log U(seed, j, t)``, with ``U`` a counter-based uniform
+    in (0, 1) (a hash of seed, j and t; :func:`race_uniforms`). The token at
+    position j is the race winner ``y_j = argmin over {t: p_j(t) > 0} of
+    E_j(t) / p_j(t)`` (ties: lower t). Row i of ``target_probs`` is position
+    ``position + i``: draft token i is accepted iff it equals ``y_{position+i}``;
+    at the first mismatch ``y`` is emitted; after K matches, ``y`` of row K.
+
+    Why the output law is the target's: E_j(t) / p_j(t) is exponential with
+    rate p_j(t), independent across t, and the minimum of independent
+    exponentials falls on t with probability rate / total rate = p_j(t) /
+    sum(p_j) (the exponential race; equivalently Gumbel-max, argmax of
+    log p + G with G = -log E). So y_j is an exact sample of p_j. The emitted
+    token at every position is y_j, computed from p_j and (seed, j) alone:
+    accepted drafts are equal to it, a rejection emits it. What the draft
+    proposed only decides how many positions one target call settles, never
+    which tokens come out - so the text is token for token what plain
+    (K = 0) sampling with the same seed gives, whatever the draft, K, p_min
+    or the machine's timings, and its law is the target's, position by
+    position given the prefix. A draft that proposes its own race winner
+    ``argmin E_j(t) / q_j(t)`` (:func:`race_pick` on its rows) is accepted
+    with probability at least (1 - TV) / (1 + TV), TV the total variation
+    between p_j and q_j (Daliri, Musco, Suresh 2024); exact p/q verification
+    accepts with probability 1 - TV.
+
+    Args:
+        target_probs: ``[K+1, V]`` float32 non-negative masses (warped target
+            distributions; need not be normalized).
+        draft_tokens: ``[K]`` integer token ids in ``[0, V)``.
+        seed: int in ``[0, 2**64)``.
+        position: output position of row 0 (tokens generated before it).
+
+    Returns:
+        ``(n_accepted, next_token)``.
+
+    Raises:
+        TypeError, ValueError: as :func:`accept`, and for a seed or position
+        that is not an int in ``[0, 2**64)``.
+    """
+    return _core.accept_invariant(target_probs, draft_tokens, seed, position)
+
+
+def race_pick(probs: Any, seed: int, position: int) -> np.ndarray:
+    """The race winner of each row: ``[n]`` int64, row r at output position
+    ``position + r`` (see :func:`accept_invariant`). ``probs``: ``[n, V]``
+    non-negative masses. What a draft proposes under drafter-invariant
+    verification, and plain seeded sampling's token."""
+    return _core.race_pick(probs, seed, position)
+
+
+def race_uniforms(seed: int, position: int, tokens: Sequence[int]) -> np.ndarray:
+    """The race's uniforms ``U(seed, position, t)`` for ``tokens``: ``[n]``
+    float64 in (0, 1) (for checking other implementations draw for draw)."""
+    return _core.race_uniforms(seed, position, tokens)
 
 
 def _empty_draft(target_probs: Any) -> np.ndarray:

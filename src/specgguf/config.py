@@ -1,0 +1,139 @@
+"""The settings of one generation: :class:`GenerationConfig`, validated once.
+
+Every surface builds one (``generate()``, ``SpeculativeLlama``, the CLI, the
+server, the Llama-shaped methods) and everything below it reads it: the
+adapter warps with its sampling fields, the decoder verifies with the rule
+it names, the draft policy reads ``k`` and ``p_min``. Bad values raise
+``TypeError`` / ``ValueError`` naming the argument, at the call (also for
+``stream=True``), before any model work.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass, fields, replace
+from typing import Optional, Sequence, Tuple, Union
+
+K_MAX = 32  # the largest draft length accepted; k="auto" considers up to DraftPolicy's k_max
+
+
+def _int(name: str, value: object, low: int, high: Optional[int] = None) -> int:
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"{name} must be {bound}, got {value}")
+    return int(value)
+
+
+def _float(name: str, value: object, low: float, high: float = math.inf) -> float:
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    v = float(value)
+    if not (low <= v <= high) or math.isnan(v) or math.isinf(v):
+        bound = f">= {low}" if high == math.inf else f"in [{low}, {high}]"
+        raise ValueError(f"{name} must be a finite number {bound}, got {value}")
+    return v
+
+
+def _stops(value: object) -> Tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, Sequence) or not all(isinstance(s, str) for s in value):
+        raise TypeError("stop must be a string or a list of strings")
+    return tuple(s for s in value if s)
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """Sampling and drafting settings of one generation (frozen, validated).
+
+    Attributes:
+        max_tokens: at most this many new tokens (fewer if the context fills).
+        temperature: 0 = greedy, token for token the target's greedy output;
+            > 0 = sampling from the target's warped distribution.
+        top_k, top_p, min_p: warping before sampling, applied identically to
+            both models (0 / 1.0 / 0.0 switch each off).
+        k: draft tokens per round (0 = plain target decoding) or ``"auto"``:
+            chosen each round from live acceptance and measured costs.
+        p_min: stop a round's drafting when the draft's confidence in its next
+            token is below this (None: off; ``"auto"``: learned; needs k="auto").
+        seed: int in [0, 2**64) for reproducible sampling (None: fresh entropy).
+        stop: strings that end the text (not included).
+        drafter_invariant: verify by the shared-noise race (see
+            :func:`specgguf.accept_invariant`): the text is exactly plain
+            seeded sampling's, whatever the draft, K or timings. None (the
+            default) turns it on for seeded sampling runs.
+    """
+
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    k: Union[int, str] = "auto"
+    p_min: Union[None, float, str] = None
+    seed: Optional[int] = None
+    stop: Tuple[str, ...] = ()
+    drafter_invariant: Optional[bool] = None
+
+    def __post_init__(self) -> None:
+        set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
+        set_("max_tokens", _int("max_tokens", self.max_tokens, 0))
+        set_("temperature", _float("temperature", self.temperature, 0.0))
+        set_("top_k", _int("top_k", self.top_k, 0))
+        set_("top_p", _float("top_p", self.top_p, 0.0, 1.0))
+        set_("min_p", _float("min_p", self.min_p, 0.0, 1.0))
+        if self.k != "auto":
+            if isinstance(self.k, str):
+                raise ValueError(f"k must be an int >= 0 or 'auto', got {self.k!r}")
+            set_("k", _int("k", self.k, 0, K_MAX))
+        if self.p_min is not None and self.p_min != "auto":
+            if isinstance(self.p_min, str):
+                raise ValueError(f"p_min must be None, 'auto' or a number in [0, 1], got {self.p_min!r}")
+            set_("p_min", _float("p_min", self.p_min, 0.0, 1.0))
+        if self.p_min == "auto" and self.k != "auto":
+            raise ValueError("p_min='auto' is learned by the automatic draft length: use it with k='auto'")
+        if self.seed is not None:
+            set_("seed", _int("seed", self.seed, 0, 2**64 - 1))
+        set_("stop", _stops(self.stop))
+        if self.drafter_invariant is not None and not isinstance(self.drafter_invariant, bool):
+            raise TypeError(f"drafter_invariant must be True, False or None, got {self.drafter_invariant!r}")
+
+    @classmethod
+    def from_kwargs(cls, config: Optional["GenerationConfig"] = None, **kwargs) -> "GenerationConfig":
+        """``config`` (or the defaults) with ``kwargs`` replaced; unknown names
+        raise TypeError, as a misspelled keyword argument would."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise TypeError(f"unknown generation setting(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        if config is not None and not isinstance(config, cls):
+            raise TypeError(f"config must be a GenerationConfig, got {type(config).__name__}")
+        return replace(config, **kwargs) if config is not None else cls(**kwargs)
+
+    @property
+    def greedy(self) -> bool:
+        """True for temperature 0: the one greedy flag every layer reads."""
+        return self.temperature == 0.0
+
+    @property
+    def verification(self) -> str:
+        """The rule that accepts drafts: ``"greedy"``, ``"invariant"`` (the
+        shared-noise race) or ``"exact"`` (the min(1, p/q) rule)."""
+        if self.greedy:
+            return "greedy"
+        invariant = self.seed is not None if self.drafter_invariant is None else self.drafter_invariant
+        return "invariant" if invariant else "exact"
+
+    @property
+    def regime(self) -> str:
+        """What a draft's acceptance depends on besides the models: greedy, or
+        the warp settings (rounded), so evidence learned at one temperature is
+        never used at another."""
+        if self.greedy:
+            return "greedy"
+        return f"t{self.temperature:.2f}-k{self.top_k}-p{self.top_p:.2f}-m{self.min_p:.2f}-{self.verification}"

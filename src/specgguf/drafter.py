@@ -1,0 +1,107 @@
+"""What a drafter is: the small interface every draft source implements.
+
+A drafter proposes up to K tokens after the accepted text and says how far
+behind that text it is (as llama.cpp's ``common_speculative`` does, it owns
+its own lag: the decoder never tracks what the draft has evaluated).
+
+Drafters in specgguf: :class:`~specgguf.llama_adapter.ModelDrafter` (a GGUF
+draft model), :class:`~specgguf.ngram.NgramDrafter` (prompt lookup),
+:class:`~specgguf.ngram.FallbackDrafter` (one, else the other), and
+:class:`CallbackDrafter`, which wraps a plain ``draft_step`` function.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+STOP_REASONS = ("max", "cutoff", "end")
+
+
+@dataclass
+class Draft:
+    """One round's proposal.
+
+    Attributes:
+        tokens: ``[n]`` proposed token ids, n <= the k asked for.
+        probs: ``[n, V]`` float32, the draft's warped distributions the tokens
+            were sampled from (exact p/q verification needs them); None when
+            greedy, one-hot or verified by the drafter-invariant race.
+        onehot: the draft was certain of each token (an n-gram lookup): q is
+            a point mass, verified without draft rows.
+        stop: why drafting stopped: ``"max"`` (k reached), ``"cutoff"`` (the
+            draft's confidence fell below p_min) or ``"end"`` (nothing more
+            to propose).
+        confidence: the draft's probability of each proposed token, or None.
+    """
+
+    tokens: List[int] = field(default_factory=list)
+    probs: Optional[np.ndarray] = None
+    onehot: bool = False
+    stop: str = "max"
+    confidence: Optional[List[float]] = None
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """The draft side of speculative decoding."""
+
+    def propose(self, context: Sequence[int], k: int, p_min: Optional[float] = None) -> Draft:
+        """Up to ``k`` tokens to follow ``context`` (the prompt and every
+        accepted token), stopping before a token whose confidence is below
+        ``p_min`` (None: no cutoff)."""
+        ...
+
+    def lag(self, context: Sequence[int]) -> int:
+        """How many tokens of ``context`` the drafter has not evaluated: what
+        proposing now would first catch up on (0 for a lookup)."""
+        ...
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int], limit: Optional[int] = None) -> int:
+    """Length of the longest common prefix of ``a`` and ``b`` (at most ``limit``)."""
+    n = min(len(a), len(b)) if limit is None else min(len(a), len(b), limit)
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class CallbackDrafter:
+    """A ``draft_step`` function as a :class:`Drafter`.
+
+    ``draft_step(prefix, k) -> (tokens, probs[, info])``, called as
+    ``draft_step(prefix, k, p_min=x)`` when a cutoff is set; ``info`` may hold
+    ``"onehot"``, ``"confidence"`` and ``"stop"`` (see :class:`Draft`). The
+    lag assumes what a model draft does: it evaluated the prefix and every
+    proposed token but the last.
+    """
+
+    def __init__(self, draft_step: Callable[..., tuple]) -> None:
+        if not callable(draft_step):
+            raise TypeError("draft_step must be callable")
+        self.draft_step = draft_step
+        self.evaluated: List[int] = []
+
+    def lag(self, context: Sequence[int]) -> int:
+        return len(context) - common_prefix(self.evaluated, context)
+
+    def propose(self, context: Sequence[int], k: int, p_min: Optional[float] = None) -> Draft:
+        prefix = list(context)
+        out = self.draft_step(prefix, k) if p_min is None else self.draft_step(prefix, k, p_min=p_min)
+        if not isinstance(out, tuple) or len(out) not in (2, 3):
+            raise TypeError("draft_step must return a (tokens, probs) or (tokens, probs, info) tuple")
+        info = out[2] if len(out) == 3 else {}
+        if not isinstance(info, dict):
+            raise TypeError(f"draft_step's third value must be a dict, got {type(info).__name__}")
+        try:
+            tokens = [int(t) for t in out[0]]
+        except (TypeError, ValueError):
+            raise TypeError("draft_step returned tokens that are not a sequence of ints") from None
+        if len(tokens) > k:
+            raise ValueError(f"draft_step returned {len(tokens)} tokens, more than the k = {k} asked for")
+        self.evaluated = prefix + tokens[:-1]
+        stop = info.get("stop") or ("max" if len(tokens) == k else "end")
+        return Draft(tokens, out[1], bool(info.get("onehot")), stop, info.get("confidence"))

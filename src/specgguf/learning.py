@@ -1,0 +1,102 @@
+"""What one loaded pair learns across its runs, and hands to the state store.
+
+A :class:`Learning` keeps one :class:`~specgguf.policy.DraftPolicy` per
+sampling regime (greedy, or the warp settings): what a chat session learns
+in one call helps the next. A policy starts from the stored costs (else the
+conservative prior), the measured acceptance of ``calibrate()`` where it
+applies, and what earlier runs learned; after each run its new evidence is
+merged into the store and its measured costs replace the stored ones.
+
+Runs whose output the clock could change (exact p/q sampling with a seed)
+get a fresh policy on the stored values, blind to the clock, and write
+nothing: the same seed, settings and stored state give the same text. Every
+other run refines its costs from its own timed forwards.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+from .config import GenerationConfig
+from .policy import AcceptanceEstimate, CostModel, DraftPolicy, merge_evidence
+from .state import PairState
+
+K_MAX = 8  # the largest draft length k="auto" considers
+SAMPLED_PRIOR = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)  # where calibrate() measures
+
+
+class Learning:
+    """Draft policies for one pair, fed by and feeding its stored state.
+
+    Args:
+        state: the pair's records (read once per regime, when first needed).
+        model_free: the draft is an n-gram lookup (its cost is nothing).
+    """
+
+    def __init__(self, state: PairState, model_free: bool = False) -> None:
+        self.state = state
+        self.model_free = model_free
+        self.policies: Dict[str, DraftPolicy] = {}
+        self.stored_costs = state.costs()
+        self.measured = state.acceptance()
+
+    def _costs(self) -> CostModel:
+        if self.stored_costs:
+            try:
+                return CostModel.from_dict(self.stored_costs)
+            except (KeyError, TypeError, ValueError):
+                pass  # a damaged record: the prior
+        costs = CostModel()
+        if self.model_free:
+            costs.draft, costs.draft_prefill = 1e-4, 0.0
+        return costs
+
+    def prior(self, config: GenerationConfig) -> Optional[float]:
+        """The measured acceptance that applies to ``config``'s regime, if any:
+        greedy agreement for greedy runs; the sampled figure only at the
+        settings it was measured at, with exact verification."""
+        if not self.measured:
+            return None
+        if config.greedy:
+            return self.measured.get("greedy")
+        same = all(abs(getattr(config, k) - v) < 1e-9 for k, v in SAMPLED_PRIOR.items())
+        return self.measured.get("sampled") if same and config.verification == "exact" else None
+
+    def policy(self, config: GenerationConfig) -> Optional[DraftPolicy]:
+        """The policy for a k="auto" run with ``config`` (None for a fixed k)."""
+        if config.k != "auto":
+            return None
+        frozen = config.verification == "exact" and config.seed is not None
+        regime = config.regime
+        if not frozen and regime in self.policies and self.policies[regime].p_min_setting == config.p_min:
+            return self.policies[regime]
+        policy = DraftPolicy(K_MAX, self._costs(), online_costs=not frozen, p_min=config.p_min,
+                             prior=self.prior(config))
+        policy.acceptance.add_before(self.state.evidence(regime))
+        if not frozen:
+            self.policies[regime] = policy
+        return policy
+
+    def finish(self, policy: Optional[DraftPolicy], config: GenerationConfig) -> None:
+        """After a run: merge what ``policy`` learned into the store, and keep
+        its measured costs for later processes (clock-blind runs write nothing)."""
+        if policy is None or not policy.tracker.online:
+            return
+        contribution = policy.acceptance.hand_over()
+        if sum(contribution["counts"]["verified"]) > 0:
+            self.state.update_evidence(config.regime, lambda old: merge_evidence(old, contribution))
+        if policy.costs.seconds:
+            self.stored_costs = policy.costs.to_dict()
+            self.state.save_costs(self.stored_costs)
+
+    def calibrated(self, costs: CostModel, acceptance: Optional[dict]) -> None:
+        """Store an explicit calibration; policies made from now on start from it."""
+        self.stored_costs = costs.to_dict()
+        self.state.save_costs(self.stored_costs)
+        if acceptance is not None:
+            self.measured = acceptance
+            self.state.save_acceptance(acceptance)
+        self.policies.clear()
+
+
+__all__ = ["Learning", "K_MAX", "AcceptanceEstimate"]

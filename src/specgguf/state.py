@@ -1,0 +1,206 @@
+"""What specgguf remembers between runs, in one store.
+
+Three kinds of record, kept apart because they change at different rates:
+
+* ``costs``: this machine's forward costs for a pair (seconds), keyed by the
+  machine, the llama.cpp build, the thread count and the two models' content.
+  Written by runs (from their own timed forwards) and by an explicit
+  :meth:`~specgguf.SpeculativeLlama.calibrate`.
+* ``acceptance``: the pair's acceptance measured by ``calibrate()`` on a fixed
+  text (greedy, and sampled at temperature 0.8 with the default warps); a
+  prior, never changed by runs.
+* ``evidence``: what runs learn of the acceptance, per pair and per sampling
+  regime (greedy, or the rounded warp settings), as decayed counts. The
+  prior is never stored in it, so it is never counted twice.
+
+Layout: one JSON file per record, ``<state>/<kind>/<hash of key>.json``,
+written atomically (temporary file, then rename) under an advisory lock
+(``fcntl.flock``) for read-modify-write, so concurrent processes neither
+lose nor corrupt each other's updates. A file that cannot be read is
+ignored with one warning and rewritten on the next update.
+
+Where: ``$SPECGGUF_STATE``, else ``$SPECGGUF_CACHE/state``, else
+``~/.cache/specgguf/state``. Models live beside it in ``models/``, a pure
+download cache. Model files are identified by content: their sha256, cached
+by (path, size, mtime) so each file is hashed once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Callable, Dict, Iterator, Optional
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: atomic replace only
+    fcntl = None
+
+KINDS = ("costs", "acceptance", "evidence", "files", "trusted")
+
+
+def cache_root() -> Path:
+    """``$SPECGGUF_CACHE`` or ``~/.cache/specgguf``: models and state live under it."""
+    env = os.environ.get("SPECGGUF_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "specgguf"
+
+
+def state_dir() -> Path:
+    """``$SPECGGUF_STATE``, else ``<cache root>/state``."""
+    env = os.environ.get("SPECGGUF_STATE")
+    return Path(env) if env else cache_root() / "state"
+
+
+class Store:
+    """Records by (kind, key), one JSON file each.
+
+    Args:
+        root: the folder (default :func:`state_dir`, read when the store is made).
+    """
+
+    _warned: set = set()  # files already reported unreadable, once per process
+
+    def __init__(self, root: Optional[os.PathLike] = None) -> None:
+        self.root = Path(root) if root is not None else state_dir()
+
+    def path(self, kind: str, key: str) -> Path:
+        if kind not in KINDS:
+            raise ValueError(f"unknown state kind {kind!r}")
+        return self.root / kind / (hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
+
+    def read(self, kind: str, key: str) -> Optional[dict]:
+        """The record, or None if absent or unreadable (warned once)."""
+        path = self.path(kind, key)
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:
+            self._warn(path, e)
+            return None
+        if not isinstance(data, dict) or data.get("key") != key or not isinstance(data.get("value"), dict):
+            self._warn(path, "not a specgguf state record")
+            return None
+        return data["value"]
+
+    def update(self, kind: str, key: str, change: Callable[[Optional[dict]], dict]) -> dict:
+        """Replace the record by ``change(current record or None)``, under the
+        record's lock: concurrent updates are applied one after the other."""
+        path = self.path(kind, key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with self._locked(path):
+            value = change(self.read(kind, key))
+            self._write(path, {"key": key, "value": value})
+        return value
+
+    def write(self, kind: str, key: str, value: dict) -> None:
+        self.update(kind, key, lambda _old: value)
+
+    @staticmethod
+    def _write(path: Path, data: dict) -> None:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(data, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _locked(path: Path) -> Iterator[None]:
+        if fcntl is None:
+            yield
+            return
+        with open(path.with_suffix(".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _warn(self, path: Path, why: object) -> None:
+        if path not in self._warned:
+            self._warned.add(path)
+            warnings.warn(f"specgguf: ignoring unreadable state file {path} ({why}); it will be rebuilt",
+                          RuntimeWarning, stacklevel=3)
+
+    # -- model files, by content ---------------------------------------------
+    _memo: Dict[tuple, str] = {}  # in-process: (path, size, mtime_ns) -> sha256
+
+    def file_sha256(self, path: os.PathLike, known: Optional[str] = None) -> str:
+        """The sha256 of a model file, hashed once per (path, size, mtime).
+
+        ``known``: a sha256 the caller already trusts for this file (a
+        models.lock entry verified when fetched), recorded without hashing.
+        """
+        p = Path(path).resolve()
+        st = p.stat()
+        ident = (str(p), st.st_size, st.st_mtime_ns)
+        if ident in self._memo:
+            return self._memo[ident]
+        key = "|".join(map(str, ident))
+        record = self.read("files", key)
+        digest = known or (record or {}).get("sha256")
+        if not digest:
+            digest = sha256_of(p)
+        if record is None or record.get("sha256") != digest:
+            self.write("files", key, {"sha256": digest})
+        self._memo[ident] = digest
+        return digest
+
+
+def sha256_of(path: Path) -> str:
+    """The sha256 of a file, with a line on stderr when it takes a while."""
+    path = Path(path)
+    size = path.stat().st_size
+    if size > 256 << 20:  # a second or more: say why there is a pause
+        print(f"specgguf: identifying {path.name} by its sha256 ({size >> 20} MiB, once per file)",
+              file=sys.stderr, flush=True)
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+class PairState:
+    """The records of one model pair on this machine, as one object.
+
+    Args:
+        store: where they live.
+        pair: the pair's content id (target sha256 + draft sha256 or "ngram").
+        machine: the machine, llama.cpp build and thread count the costs hold for.
+    """
+
+    def __init__(self, store: Store, pair: str, machine: str) -> None:
+        self.store, self.pair, self.machine = store, pair, machine
+
+    def costs(self) -> Optional[dict]:
+        return self.store.read("costs", f"{self.machine}|{self.pair}")
+
+    def save_costs(self, costs: dict) -> None:
+        self.store.write("costs", f"{self.machine}|{self.pair}", costs)
+
+    def acceptance(self) -> Optional[dict]:
+        """``{"greedy": a, "sampled": a}`` measured by calibrate(), or None."""
+        return self.store.read("acceptance", self.pair)
+
+    def save_acceptance(self, measured: dict) -> None:
+        self.store.write("acceptance", self.pair, measured)
+
+    def evidence(self, regime: str) -> Optional[dict]:
+        return self.store.read("evidence", f"{self.pair}|{regime}")
+
+    def update_evidence(self, regime: str, change: Callable[[Optional[dict]], dict]) -> dict:
+        return self.store.update("evidence", f"{self.pair}|{regime}", change)

@@ -1,0 +1,106 @@
+"""The command line under real use: errors, stats, pipes, Ctrl-C, odd input."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("llama_cpp")
+
+from tests.conftest import PROMPTS  # noqa: E402
+
+CLI = [sys.executable, "-m", "specgguf"]
+ENV = dict(os.environ, PYTHONUNBUFFERED="1")
+
+
+def cli(*args, **kw):
+    return subprocess.run(CLI + list(args), capture_output=True, text=True, env=dict(ENV, **kw.pop("env", {})),
+                          timeout=kw.pop("timeout", 300), **kw)
+
+
+def test_argument_errors_are_one_line():
+    for args, msg in ((["--temp", "-1", "-p", "hi"], "must be >= 0"),
+                      (["--ctx", "100", "-p", "hi"], "must be >= 256"),
+                      (["-k", "two", "-p", "hi"], "is not a valid int"),
+                      (["--frobnicate"], "unrecognized arguments"),
+                      (["models", "fetch"], "the following arguments are required")):
+        r = cli(*args)
+        assert r.returncode == 2, (args, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1 and msg in r.stderr, (args, r.stderr)
+
+
+def test_runtime_errors_are_one_line():
+    r = cli("--target", "/nonexistent.gguf", "-p", "hi")
+    assert r.returncode == 1
+    assert r.stderr.strip().startswith("specgguf: error:") and "Traceback" not in r.stderr
+    r = cli("-k", "2", "--p-min", "auto", "-p", "hi")
+    assert r.returncode == 1 and "with k='auto'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_version():
+    import specgguf
+    r = cli("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"specgguf {specgguf.__version__}"
+
+
+def test_runs_the_default_pair_with_json_and_stats():
+    r = cli("-p", "Hello", "-n", "8", "--json", "--chat", "--threads", "2")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert len(out["tokens"]) <= 8 and out["stats"]["rounds"] >= 1
+    r = cli("--chat", "-p", PROMPTS[1], "-n", "24", "--stats", "--threads", "2")
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stderr.splitlines() if " tok/s" in x)
+    n, seconds, rate = line.split()[1], line.split()[4], line.split("(")[1].split()[0]
+    # The count beside tokens/s is what was generated (no end token), and they agree.
+    assert int(n) <= 24 and abs(int(n) / float(seconds) - float(rate)) < 0.15 * float(rate) + 0.2
+
+
+def test_ngram_draft_and_stop_strings():
+    copy = "Repeat exactly: the quick brown fox jumps over the lazy dog, the quick brown fox jumps."
+    r = cli("--draft", "ngram", "--chat", "-p", copy, "-n", "24", "--stats", "--threads", "2")
+    assert r.returncode == 0, r.stderr
+    assert "K chosen per round" in r.stderr
+    r = cli("-p", "Count: 1, 2, 3,", "-n", "30", "--stop", "6", "--threads", "2")
+    assert r.returncode == 0 and "6" not in r.stdout
+
+
+def test_non_utf8_prompt_file_is_decoded_with_a_warning(tmp_path):
+    f = tmp_path / "prompt.txt"
+    f.write_bytes(b"Caf\xe9 menu:\n")
+    r = cli("--prompt-file", str(f), "-n", "4", "--threads", "2")
+    assert r.returncode == 0, r.stderr
+    assert f"{f} is not valid UTF-8 (first bad byte at offset 3)" in r.stderr
+    r = subprocess.run(CLI + ["-n", "4", "--threads", "2"], input=b"\xff\xfe hello", capture_output=True,
+                       env=ENV, timeout=300)
+    assert r.returncode == 0 and b"stdin is not valid UTF-8 (first bad byte at offset 0)" in r.stderr
+
+
+def test_streaming_into_a_closed_pipe_ends_quietly():
+    p = subprocess.Popen(" ".join(CLI) + " --chat -p 'Write a long story.' -n 200 --threads 2 | head -c 20",
+                         shell=True, executable="/bin/bash", stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env=ENV)
+    out, err = p.communicate(timeout=300)
+    assert len(out) == 20
+    assert b"Broken pipe" not in err and b"Traceback" not in err, err
+    r = subprocess.run(" ".join(CLI) + " --chat -p 'Write a long story.' -n 200 --threads 2 | head -c 20; "
+                       "echo \" ${PIPESTATUS[0]}\"", shell=True, executable="/bin/bash", capture_output=True,
+                       env=ENV, timeout=300)
+    assert r.stdout.split()[-1] == b"141"  # as a Unix tool killed by SIGPIPE
+
+
+@pytest.mark.parametrize("delay", [0.25, 1.5, 4.0])
+def test_ctrl_c_exits_130_at_any_moment(delay):
+    """While Python starts, while models load (where a KeyboardInterrupt raised
+    in a ctypes callback used to be swallowed), and while generating."""
+    p = subprocess.Popen(CLI + ["-p", "Once upon a time", "-n", "400", "--threads", "2"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV)
+    time.sleep(delay)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130, (p.returncode, err[-500:])
+    assert b"Traceback" not in err

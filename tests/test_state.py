@@ -1,0 +1,116 @@
+"""The state store: where it lives, damaged files, identity by content, and
+concurrent processes."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+
+from specgguf.state import PairState, Store, cache_root, state_dir
+
+
+def test_locations_follow_the_environment(tmp_path, monkeypatch):
+    monkeypatch.delenv("SPECGGUF_STATE")
+    monkeypatch.setenv("SPECGGUF_CACHE", str(tmp_path / "root"))
+    assert cache_root() == tmp_path / "root" and state_dir() == tmp_path / "root" / "state"
+    monkeypatch.setenv("SPECGGUF_STATE", str(tmp_path / "elsewhere"))
+    assert state_dir() == tmp_path / "elsewhere" and Store().root == tmp_path / "elsewhere"
+
+
+def test_the_suite_redirects_state(private_state):
+    assert Store().root == private_state
+    assert not str(private_state).startswith(os.path.expanduser("~/.cache"))
+
+
+def test_corrupt_or_foreign_files_are_ignored_with_one_warning_and_rebuilt(tmp_path):
+    store = Store(tmp_path)
+    store.write("costs", "k", {"draft": 1.0})
+    path = store.path("costs", "k")
+    for damage in (b"{not json", b"", b'{"key": "other", "value": {}}', b"[1, 2]", b"\x00\xff"):
+        Store._warned.discard(path)
+        path.write_bytes(damage)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert store.read("costs", "k") is None
+            assert store.read("costs", "k") is None  # once per file, not per read
+        assert len(caught) == 1 and "ignoring unreadable state file" in str(caught[0].message)
+        store.update("costs", "k", lambda old: {"draft": 2.0} if old is None else old)
+        assert store.read("costs", "k") == {"draft": 2.0}
+
+
+def test_files_are_identified_by_content(tmp_path):
+    store = Store(tmp_path / "state")
+    a = tmp_path / "a.gguf"
+    a.write_bytes(b"GGUF one")
+    digest = store.file_sha256(a)
+    b = tmp_path / "renamed.gguf"
+    shutil.copyfile(a, b)
+    assert store.file_sha256(b) == digest  # same content, other name: the same identity
+    a.write_bytes(b"GGUF two, replaced on disk")  # replaced after its state was stored
+    os.utime(a, ns=(1, 1))
+    assert store.file_sha256(a) != digest
+    assert Store(tmp_path / "state").file_sha256(b) == digest  # a later process reads the record
+
+
+WORKER = textwrap.dedent("""
+    import sys
+    from specgguf.state import Store
+    store = Store(sys.argv[1])
+    for _ in range(int(sys.argv[2])):
+        store.update("evidence", "shared", lambda old: {"n": (old or {"n": 0})["n"] + 1})
+""")
+
+
+def test_eight_processes_lose_no_update(tmp_path):
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(tmp_path), "60"]) for _ in range(8)]
+    assert all(p.wait(timeout=120) == 0 for p in procs)
+    assert Store(tmp_path).read("evidence", "shared") == {"n": 480}
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+PAIR_WORKER = textwrap.dedent("""
+    import json, sys, warnings
+    warnings.simplefilter("error")  # an unreadable state file would be a warning
+    import specgguf
+    llm = specgguf.SpeculativeLlama("smollm2-135m-f32", "smollm2-135m-q4_1", n_ctx=256, n_threads=1)
+    r = llm.generate("The printing press", max_tokens=int(sys.argv[1]), k="auto")
+    print(json.dumps({"tokens": r.tokens}))
+""")
+
+
+def test_eight_processes_meet_a_new_pair_at_once(private_state):
+    """Eight processes load the same never-seen pair and store what they learn
+    at once: every one finishes, agrees on the greedy text, and leaves only
+    readable records."""
+    pytest.importorskip("llama_cpp")
+    procs = [subprocess.Popen([sys.executable, "-c", PAIR_WORKER, "12"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE) for _ in range(8)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [e[-600:] for _, e in outs]
+    texts = {tuple(json.loads(o)["tokens"]) for o, _ in outs}
+    assert len(texts) == 1
+    records = [f for f in private_state.rglob("*.json")]
+    assert records and not list(private_state.rglob("*.tmp"))
+    for f in records:
+        data = json.loads(f.read_text())
+        assert set(data) == {"key", "value"}
+    kinds = {f.parent.name for f in records}
+    assert {"files", "costs", "evidence"} <= kinds
+
+
+def test_pair_state_keeps_kinds_apart(tmp_path):
+    s = PairState(Store(tmp_path), "t+d", "machine|threads 2")
+    s.save_costs({"draft": 1.0, "target": [2.0]})
+    s.save_acceptance({"greedy": 0.9, "sampled": 0.8})
+    s.update_evidence("greedy", lambda old: {"total": [1.0, 2.0]})
+    s.update_evidence("t0.80-k40-p0.95-m0.05-exact", lambda old: {"total": [5.0, 5.0]})
+    other_machine = PairState(Store(tmp_path), "t+d", "machine|threads 4")
+    assert other_machine.costs() is None  # costs are per machine and thread count
+    assert other_machine.acceptance() == {"greedy": 0.9, "sampled": 0.8}  # acceptance is per pair
+    assert s.evidence("greedy") == {"total": [1.0, 2.0]}
+    assert s.evidence("t0.80-k40-p0.95-m0.05-exact") == {"total": [5.0, 5.0]}
