@@ -51,30 +51,21 @@ struct Avx512Isa {
     }
     static void spill(Acc& a, double* lanes) { for (int m = 0; m < 4; ++m) _mm512_storeu_pd(lanes + 8 * m, a.r[m]); }
     static float min_value(const Min& mn) { return _mm512_reduce_min_ps(mn.m); }
-};
 
-float quick_sum_avx512(const float* x, std::size_t n, float* mn) {
-    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-    __m512 m = _mm512_set1_ps(std::numeric_limits<float>::infinity());
-    std::size_t j = 0;
-    for (; j + 64 <= n; j += 64) {
-        __m512 a = _mm512_loadu_ps(x + j), b = _mm512_loadu_ps(x + j + 16);
-        __m512 c = _mm512_loadu_ps(x + j + 32), d = _mm512_loadu_ps(x + j + 48);
-        s0 = _mm512_add_ps(s0, a); s1 = _mm512_add_ps(s1, b);
-        s2 = _mm512_add_ps(s2, c); s3 = _mm512_add_ps(s3, d);
-        m = _mm512_min_ps(m, _mm512_min_ps(_mm512_min_ps(a, b), _mm512_min_ps(c, d)));
-    }
-    float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
-    float mm = _mm512_reduce_min_ps(m);
-    for (; j < n; ++j) { s += x[j]; mm = x[j] < mm ? x[j] : mm; }
-    *mn = mm;
-    return s;
-}
+    using Vf = __m512;
+    static constexpr std::size_t kWidth = 16;
+    static Vf splat(float x) { return _mm512_set1_ps(x); }
+    static Vf load(const float* x) { return _mm512_loadu_ps(x); }
+    static Vf add(Vf a, Vf b) { return _mm512_add_ps(a, b); }
+    static Vf min(Vf a, Vf b) { return _mm512_min_ps(a, b); }
+    static float hsum(Vf v) { return _mm512_reduce_add_ps(v); }
+    static float hmin(Vf v) { return _mm512_reduce_min_ps(v); }
+};
 
 }  // namespace
 
 extern const Kernels kAvx512Kernels = {"avx512", argmax_avx2_path, chunk_sums_t<Avx512Isa>,
-                                       residual_chunk_sums_t<Avx512Isa>, quick_sum_avx512};
+                                       residual_chunk_sums_t<Avx512Isa>, quick_sum_t<Avx512Isa>};
 
 }  // namespace specgguf
 #endif

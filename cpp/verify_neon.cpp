@@ -50,57 +50,25 @@ struct NeonIsa {
     }
     static void spill(Acc& a, double* lanes) { for (int m = 0; m < 16; ++m) vst1q_f64(lanes + 2 * m, a.r[m]); }
     static float min_value(const Min& mn) { return vminnmvq_f32(mn.m); }
+
+    using Vf = float32x4_t;
+    static constexpr std::size_t kWidth = 4;
+    static Vf splat(float x) { return vdupq_n_f32(x); }
+    static Vf load(const float* x) { return vld1q_f32(x); }
+    static Vf add(Vf a, Vf b) { return vaddq_f32(a, b); }
+    static Vf min(Vf a, Vf b) { return vminq_f32(a, b); }  // NaN-propagating
+    static Vf max(Vf a, Vf b) { return vmaxq_f32(a, b); }  // NaN-propagating: the chunk max shows it
+    static Vf nan_or(Vf acc, Vf, Vf) { return acc; }
+    static bool any(Vf) { return false; }
+    static float hsum(Vf v) { return vaddvq_f32(v); }
+    static float hmin(Vf v) { return vminvq_f32(v); }
+    static float hmax(Vf v) { return vmaxvq_f32(v); }
 };
-
-// fmax propagates NaN, so a NaN anywhere shows up in the chunk max.
-std::size_t argmax_neon(const float* x, std::size_t n, bool* bad) {
-    const float ninf = -std::numeric_limits<float>::infinity();
-    float best = ninf;
-    std::size_t best_chunk = 0;
-    for (std::size_t start = 0; start < n; start += kChunk) {
-        std::size_t end = start + kChunk < n ? start + kChunk : n;
-        float32x4_t m0 = vdupq_n_f32(ninf), m1 = m0, m2 = m0, m3 = m0;
-        std::size_t j = start;
-        for (; j + 16 <= end; j += 16) {
-            m0 = vmaxq_f32(m0, vld1q_f32(x + j));
-            m1 = vmaxq_f32(m1, vld1q_f32(x + j + 4));
-            m2 = vmaxq_f32(m2, vld1q_f32(x + j + 8));
-            m3 = vmaxq_f32(m3, vld1q_f32(x + j + 12));
-        }
-        float cm = vmaxvq_f32(vmaxq_f32(vmaxq_f32(m0, m1), vmaxq_f32(m2, m3)));
-        for (; j < end; ++j) cm = (x[j] > cm || x[j] != x[j]) ? x[j] : cm;
-        if (cm != cm) { *bad = true; return 0; }
-        if (cm > best) { best = cm; best_chunk = start; }
-    }
-    if (best == std::numeric_limits<float>::infinity()) { *bad = true; return 0; }
-    std::size_t end = best_chunk + kChunk < n ? best_chunk + kChunk : n;
-    for (std::size_t j = best_chunk; j < end; ++j)
-        if (x[j] == best) return j;
-    return best_chunk;
-}
-
-float quick_sum_neon(const float* x, std::size_t n, float* mn) {
-    float32x4_t s0 = vdupq_n_f32(0.0f), s1 = s0, s2 = s0, s3 = s0;
-    float32x4_t m = vdupq_n_f32(std::numeric_limits<float>::infinity());
-    std::size_t j = 0;
-    for (; j + 16 <= n; j += 16) {
-        float32x4_t a = vld1q_f32(x + j), b = vld1q_f32(x + j + 4);
-        float32x4_t c = vld1q_f32(x + j + 8), d = vld1q_f32(x + j + 12);
-        s0 = vaddq_f32(s0, a); s1 = vaddq_f32(s1, b);
-        s2 = vaddq_f32(s2, c); s3 = vaddq_f32(s3, d);
-        m = vminq_f32(m, vminq_f32(vminq_f32(a, b), vminq_f32(c, d)));  // NaN-propagating
-    }
-    float s = vaddvq_f32(vaddq_f32(vaddq_f32(s0, s1), vaddq_f32(s2, s3)));
-    float mm = vminvq_f32(m);
-    for (; j < n; ++j) { s += x[j]; mm = (x[j] < mm || x[j] != x[j]) ? x[j] : mm; }
-    *mn = mm;
-    return s;
-}
 
 }  // namespace
 
-extern const Kernels kNeonKernels = {"neon", argmax_neon, chunk_sums_t<NeonIsa>,
-                                     residual_chunk_sums_t<NeonIsa>, quick_sum_neon};
+extern const Kernels kNeonKernels = {"neon", argmax_t<NeonIsa>, chunk_sums_t<NeonIsa>,
+                                     residual_chunk_sums_t<NeonIsa>, quick_sum_t<NeonIsa>};
 
 }  // namespace specgguf
 #endif

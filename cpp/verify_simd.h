@@ -22,6 +22,13 @@
 //   static double fold(Acc&);                          // the canonical fold (verify.h)
 //   static void spill(Acc&, double* lanes);            // lanes[l] = lane l
 //   static float min_value(const Min&);
+// and, for the float-vector kernels (quick_sum_t, argmax_t):
+//   using Vf; static constexpr std::size_t kWidth;     // floats per vector
+//   static Vf splat(float); static Vf load(const float*);
+//   static Vf add(Vf, Vf); static Vf min(Vf, Vf); static Vf max(Vf, Vf);
+//   static float hsum(Vf);  static float hmin(Vf); static float hmax(Vf);
+//   static Vf nan_or(Vf acc, Vf a, Vf b);              // acc | (a or b is NaN)
+//   static bool any(Vf);                               // any lane of a mask set
 #pragma once
 #include <cstddef>
 #include <limits>
@@ -78,6 +85,65 @@ void residual_chunk_sums_t(const float* p, const float* q, std::size_t n, double
             const double r = (double)p[t] * Q - (double)q[t] * P;
             return r > 0.0 ? r : 0.0;
         });
+}
+
+// A float32 sum of x[0..n) in four vector accumulators, then the tail in
+// order (any order is allowed: see quick_test_factor); *mn = min(x).
+template <class Isa>
+float quick_sum_t(const float* x, std::size_t n, float* mn) {
+    using V = typename Isa::Vf;
+    constexpr std::size_t w = Isa::kWidth;
+    V s0 = Isa::splat(0.0f), s1 = s0, s2 = s0, s3 = s0;
+    V m = Isa::splat(std::numeric_limits<float>::infinity());
+    std::size_t j = 0;
+    for (; j + 4 * w <= n; j += 4 * w) {
+        V a = Isa::load(x + j), b = Isa::load(x + j + w), c = Isa::load(x + j + 2 * w), d = Isa::load(x + j + 3 * w);
+        s0 = Isa::add(s0, a); s1 = Isa::add(s1, b); s2 = Isa::add(s2, c); s3 = Isa::add(s3, d);
+        m = Isa::min(m, Isa::min(Isa::min(a, b), Isa::min(c, d)));
+    }
+    float s = Isa::hsum(Isa::add(Isa::add(s0, s1), Isa::add(s2, s3))), mm = Isa::hmin(m);
+    for (; j < n; ++j) {
+        s += x[j];
+        mm = x[j] < mm ? x[j] : mm;
+    }
+    *mn = mm;
+    return s;
+}
+
+// Index of the first maximum of x[0..n); *bad for a NaN or +inf. Per chunk:
+// the max in four accumulators (NaNs noted on the side, since a vector max
+// may drop them); the first chunk whose max is strictly larger wins, then the
+// first index of the max inside it.
+template <class Isa>
+std::size_t argmax_t(const float* x, std::size_t n, bool* bad) {
+    using V = typename Isa::Vf;
+    constexpr std::size_t w = Isa::kWidth;
+    constexpr float inf = std::numeric_limits<float>::infinity();
+    V nan = Isa::splat(0.0f);
+    float best = -inf;
+    std::size_t best_chunk = 0;
+    for (std::size_t start = 0; start < n; start += kChunk) {
+        const std::size_t end = start + kChunk < n ? start + kChunk : n;
+        V m0 = Isa::splat(-inf), m1 = m0, m2 = m0, m3 = m0;
+        std::size_t j = start;
+        for (; j + 4 * w <= end; j += 4 * w) {
+            V a = Isa::load(x + j), b = Isa::load(x + j + w), c = Isa::load(x + j + 2 * w), d = Isa::load(x + j + 3 * w);
+            nan = Isa::nan_or(Isa::nan_or(nan, a, b), c, d);
+            m0 = Isa::max(m0, a); m1 = Isa::max(m1, b); m2 = Isa::max(m2, c); m3 = Isa::max(m3, d);
+        }
+        float cm = Isa::hmax(Isa::max(Isa::max(m0, m1), Isa::max(m2, m3)));
+        for (; j < end; ++j) {
+            if (x[j] != x[j]) { *bad = true; return 0; }
+            if (x[j] > cm) cm = x[j];
+        }
+        if (cm != cm) { *bad = true; return 0; }
+        if (cm > best) { best = cm; best_chunk = start; }
+    }
+    if (Isa::any(nan) || best == inf) { *bad = true; return 0; }
+    const std::size_t end = best_chunk + kChunk < n ? best_chunk + kChunk : n;
+    for (std::size_t j = best_chunk; j < end; ++j)
+        if (x[j] == best) return j;
+    return best_chunk;  // only reached for an all -inf row: index 0
 }
 
 }  // namespace
