@@ -177,11 +177,11 @@ def test_owned_models_reuse_the_prompt_between_calls():
     s = SpeculativeLlama("smollm2-135m-f32", "smollm2-135m-q4_1", n_ctx=1024, n_threads=2)
     turn = msgs(PROMPTS[1])
     first = s.generate(turn, max_tokens=16, k=0)
-    kept = len(s.target.model.tokens)
+    kept = len(s.pair.target.model.tokens)
     assert kept >= len(s.tokenize(turn)) + 15  # the prompt and the answer stay cached
     turn2 = turn + [{"role": "assistant", "content": first.text}, {"role": "user", "content": "Shorter?"}]
     ids2 = s.tokenize(turn2)
-    assert s.target.model.lag(ids2) < len(ids2) - len(s.tokenize(turn)) + 8
+    assert s.pair.target.model.lag(ids2) < len(ids2) - len(s.tokenize(turn)) + 8
     again = s.generate(turn2, max_tokens=16, k=0)
     fresh = SpeculativeLlama("smollm2-135m-f32", "smollm2-135m-q4_1", n_ctx=1024, n_threads=2)
     assert fresh.generate(turn2, max_tokens=16, k=0).tokens == again.tokens
@@ -290,8 +290,8 @@ def test_auto_k_skips_a_draft_that_could_not_repay_its_prompt_prefill(target, dr
     long_prompt = " ".join(["The printing press changed how books were made."] * 40)
     ids = s.tokenize(long_prompt)
     assert len(ids) > 300
-    seconds = s.draft_model.model.seconds
+    seconds = s.pair.draft_model.model.seconds
     res = s.generate(ids, max_tokens=6, k="auto")
     assert res.stats["k_hist"] == {0: res.stats["rounds"]}
-    assert s.draft_model.model.seconds == seconds  # not one draft forward
+    assert s.pair.draft_model.model.seconds == seconds  # not one draft forward
     assert res.tokens == plain_greedy(target, ids, len(res.tokens))

@@ -11,26 +11,23 @@ text and decides where the output ends.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
 import llama_cpp
 
-from . import llama_model, rpc as rpc_backend
 from .completions import CompletionMethods
 from .config import GenerationConfig
 from .decoder import SpeculativeDecoder
 from .learning import K_MAX, Learning
-from .llama_adapter import LlamaTarget, ModelDrafter, calibrate, measure_acceptance
-from .llama_model import LlamaModel, ModelLike, check_vocab, eog_tokens, machine_id
-from .models import resolve_model
-from .ngram import FallbackDrafter, NgramDrafter
+from .llama_adapter import calibrate, measure_acceptance
+from .llama_model import ModelLike
+from .pair import ModelPair
 from .sampling import Sampler
-from .state import PairState, Store
-from .text import Prompt, PromptEncoder, TextStream
+from .text import Prompt, TextStream
 
 
 @dataclass
@@ -69,10 +66,6 @@ class InUse:
         self.lock.release()
 
 
-def _name(model: object) -> str:
-    return Path(model.model_path).name if isinstance(model, llama_cpp.Llama) else os.fspath(model)
-
-
 class SpeculativeLlama(CompletionMethods):
     """A loaded target/draft pair for generating many times without reloading.
 
@@ -85,7 +78,7 @@ class SpeculativeLlama(CompletionMethods):
         n_threads: threads for models loaded here (None: every core).
         verbose: let llama.cpp print its logs.
         rpc: ``"host:port,host:port"`` (or a list) of llama.cpp ``rpc-server``
-            workers to split the target's layers over (see the README).
+            workers to put the target's layers on (see the README).
         draft_rpc: put the draft on the workers too (default: local).
         tensor_split: the share of layers per worker (default: by free memory).
         config: default :class:`GenerationConfig` for this object's calls.
@@ -98,68 +91,26 @@ class SpeculativeLlama(CompletionMethods):
     after each call, as they were found.
     """
 
-    def __init__(self, target: ModelLike, draft: ModelLike, *, ngram: bool = False, n_ctx: int = 2048,
-                 n_threads: Optional[int] = None, verbose: bool = False,
-                 rpc: Union[None, str, Sequence[str]] = None, draft_rpc: bool = False,
-                 tensor_split: Optional[Sequence[float]] = None, config: Optional[GenerationConfig] = None,
-                 store: Optional[Store] = None) -> None:
+    def __init__(self, target: ModelLike, draft: ModelLike, *, config: Optional[GenerationConfig] = None,
+                 **load) -> None:
         self.defaults = GenerationConfig.from_kwargs(config)
-        model_free = isinstance(draft, str) and draft == "ngram"
-        if ngram and model_free:
-            raise ValueError("ngram=True adds a prompt lookup in front of a draft model; draft='ngram' already is one")
-        self.names = (_name(target), "ngram" if model_free else _name(draft))
-        self.workers = rpc_backend.Workers.parse(rpc)
-        self.owns = not isinstance(target, llama_cpp.Llama)
-        load = dict(n_ctx=n_ctx, n_threads=n_threads, verbose=verbose)
-        self.target_llm, paths = self._load(target, self.workers, tensor_split, **load)
-        self.draft_llm = None
-        if not model_free:
-            self.draft_llm, dpaths = self._load(draft, self.workers if draft_rpc else None, tensor_split, **load)
-            paths += dpaths
-        self._build(model_free, ngram, store or Store(), paths)
+        self.pair = ModelPair(target, draft, **load)
+        self.names = self.pair.names
+        self.learning = Learning(self.pair.state, self.pair.draft_model is None)
         self.guard = InUse("SpeculativeLlama")
-
-    @staticmethod
-    def _load(model: ModelLike, workers, tensor_split, **load):
-        if isinstance(model, llama_cpp.Llama):
-            return model, [Path(model.model_path)]
-        path = resolve_model(os.fspath(model))
-        params = workers.model_params(tensor_split) if workers else {}
-        return llama_model.load_llama(path, **load, **params), [path]
-
-    def _build(self, model_free: bool, ngram: bool, store: Store, paths: List[Path]) -> None:
-        t_vocab = int(self.target_llm.n_vocab())
-        width = max(t_vocab, int(self.draft_llm.n_vocab())) if self.draft_llm is not None else t_vocab
-        self.target = LlamaTarget(LlamaModel(self.target_llm, width))
-        self.text = PromptEncoder(self.target_llm, self.names[0])
-        self.eog = eog_tokens(self.target_llm)
-        if model_free:
-            self.drafter, self.draft_model = NgramDrafter(), None
-        else:
-            self.draft_model = ModelDrafter(LlamaModel(self.draft_llm, width))
-            check_vocab(self.target.model, self.draft_model.model, *self.names)
-            self.drafter = FallbackDrafter(NgramDrafter(n_min=3), self.draft_model) if ngram else self.draft_model
-        ids = [store.file_sha256(p) for p in paths] + (["ngram"] if model_free else [])
-        threads = int(self.target_llm.context_params.n_threads)
-        self.learning = Learning(PairState(store, "+".join(ids), machine_id(threads)), model_free)
-
-    @property
-    def models(self) -> List[LlamaModel]:
-        return [self.target.model] + ([self.draft_model.model] if self.draft_model else [])
 
     @property
     def n_ctx(self) -> int:
-        return min(m.n_ctx for m in self.models)
+        return self.pair.n_ctx
 
     def tokenize(self, prompt: Prompt, chat: bool = False) -> List[int]:
         """Prompt ids: a string through the target's tokenizer, chat messages
         through the GGUF's chat template, or token ids checked and passed on."""
-        return self.text.encode(prompt, chat)
+        return self.pair.text.encode(prompt, chat)
 
     def reset(self) -> None:
         """Empty both KV caches."""
-        for m in self.models:
-            m.reset()
+        self.pair.reset()
 
     def generate(self, prompt: Prompt, *, stream: bool = False, chat: bool = False,
                  config: Optional[GenerationConfig] = None, **settings) -> Union[GenerationResult, Iterator[str]]:
@@ -190,18 +141,17 @@ class SpeculativeLlama(CompletionMethods):
         return self._run(ids, config, should_stop)
 
     def _run(self, ids: List[int], config: GenerationConfig, should_stop) -> Iterator:
+        pair = self.pair
         with self.guard:
-            if not self.owns:
-                self.reset()  # the Llama objects may have been used on their own since
+            if not pair.owns:
+                pair.reset()  # the Llama objects may have been used on their own since
             sampler = Sampler.from_config(config, origin=len(ids))
-            self.target.sampler = sampler
-            if self.draft_model is not None:
-                self.draft_model.sampler = sampler
+            pair.use(sampler)
             policy = self.learning.policy(config)
-            dec = SpeculativeDecoder(self.drafter, self.target, k=policy or config.k, sampler=sampler,
+            dec = SpeculativeDecoder(pair.drafter, pair.target, k=policy or config.k, sampler=sampler,
                                      p_min=config.p_min)
-            out = TextStream(lambda t: self.target_llm.detokenize([t], special=False), config.stop, self.eog)
-            t0, before = time.perf_counter(), self._timers()
+            out = TextStream(lambda t: pair.target_llm.detokenize([t], special=False), config.stop, pair.eog)
+            t0, before = time.perf_counter(), pair.timers()
             produced: List[int] = []
             budget = min(config.max_tokens, self.n_ctx - len(ids))
             yield from self._decode(dec, ids, budget, out, should_stop, produced)
@@ -213,7 +163,7 @@ class SpeculativeLlama(CompletionMethods):
                 produced: List[int]):
         clean = False
         try:
-            for tok in dec.stream(ids, budget, stop_tokens=self.eog):
+            for tok in dec.stream(ids, budget, stop_tokens=self.pair.eog):
                 produced.append(tok)
                 piece = out.add(tok)
                 if piece:
@@ -226,15 +176,12 @@ class SpeculativeLlama(CompletionMethods):
                 yield rest
             clean = True
         finally:
-            if not (clean and self.owns):
+            if not (clean and self.pair.owns):
                 self.reset()  # clean and usable after any exit, Ctrl-C included
-
-    def _timers(self) -> tuple:
-        return tuple(m.seconds for m in self.models) + (self.target.warp_seconds,)
 
     def _result(self, dec: SpeculativeDecoder, out: TextStream, tokens: List[int], n_prompt: int,
                 seconds: float, before: tuple) -> GenerationResult:
-        spent = [b - a for a, b in zip(before, self._timers())]
+        spent = [b - a for a, b in zip(before, self.pair.timers())]
         forwards, warp = sum(spent[:-1]), spent[-1]
         n = len(tokens)
         stats = dec.stats.as_dict()
@@ -249,15 +196,15 @@ class SpeculativeLlama(CompletionMethods):
         process) start from them instead of the conservative prior. Takes a
         few seconds for a small pair; ``progress(message)`` is told what runs
         (default: a line on stderr). Returns what was stored."""
-        import sys
         say = progress or (lambda msg: print(f"specgguf: {msg}", file=sys.stderr, flush=True))
         with self.guard:
             say(f"timing the forwards of {self.names[0]} and {self.names[1]} ...")
-            costs = calibrate(self.target.model, self.draft_model.model if self.draft_model else None, K_MAX)
+            target, draft = self.pair.target.model, self.pair.draft_model
+            costs = calibrate(target, draft.model if draft else None, K_MAX)
             acceptance = None
-            if self.draft_model is not None:
+            if draft is not None:
                 say("measuring the draft's acceptance on a fixed text ...")
-                acceptance = measure_acceptance(self.target.model, self.draft_model.model)
+                acceptance = measure_acceptance(target, draft.model)
             self.learning.calibrated(costs, acceptance)
         say("calibration stored")
         return {"costs": costs.to_dict(), "acceptance": acceptance}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import List
 
-from .cli import Parser, add_model_args, load_pair
+from .options import Parser, add_model_args, load_pair
 
 
 def models_main(argv: List[str]) -> int:

@@ -58,11 +58,6 @@ def speculation(stats: dict) -> dict:
             "tokens_per_second": stats["tokens_per_second"]}
 
 
-def _usage(stats: dict) -> dict:
-    p, c = stats["prompt_tokens"], stats["completion_tokens"]
-    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
-
-
 def _settings(max_tokens: Optional[int], n_ctx: int, **kw) -> GenerationConfig:
     # llama-cpp-python: max_tokens None or <= 0 means "up to the context window".
     limit = n_ctx if max_tokens is None or max_tokens <= 0 else max_tokens
@@ -85,7 +80,7 @@ class CompletionMethods:
                            top_k=top_k, stop=stop, seed=seed, **ext)
         run = self.run(prompt, config=config)
         prefix = prompt if echo and isinstance(prompt, str) else ""
-        shape = _Shape("cmpl", "text_completion", kwargs.get("model") or self.names[0])
+        shape = Shapes("cmpl", kwargs.get("model") or self.names[0])
         if stream:
             return shape.text_chunks(run, prefix)
         return shape.text_response(_drain(run), prefix)
@@ -101,7 +96,7 @@ class CompletionMethods:
         config = _settings(max_tokens, self.n_ctx, temperature=temperature, top_p=top_p, min_p=min_p,
                            top_k=top_k, stop=stop, seed=seed, **ext)
         run = self.run(check_messages(messages), chat=True, config=config)
-        shape = _Shape("chatcmpl", "chat.completion", kwargs.get("model") or self.names[0])
+        shape = Shapes("chatcmpl", kwargs.get("model") or self.names[0])
         if stream:
             return shape.chat_chunks(run)
         return shape.chat_response(_drain(run))
@@ -119,30 +114,35 @@ def _drain(run: Iterator) -> Any:
     return result
 
 
-class _Shape:
-    """Response dicts of one call: one id, one creation time."""
+class Shapes:
+    """Response dicts of one call (llama-cpp-python's and OpenAI's shapes): one id, one creation time."""
 
-    def __init__(self, prefix: str, kind: str, model: str) -> None:
+    def __init__(self, prefix: str, model: str) -> None:
         self.id = f"{prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
-        self.kind, self.model = kind, model
+        self.model = model
 
-    def _head(self, kind: str) -> dict:
+    def head(self, kind: str) -> dict:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+    @staticmethod
+    def usage(stats: dict) -> dict:
+        p, c = stats["prompt_tokens"], stats["completion_tokens"]
+        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
     def text_response(self, res, prefix: str = "") -> dict:
         choice = {"text": prefix + res.text, "index": 0, "logprobs": None, "finish_reason": res.finish_reason}
-        return {**self._head("text_completion"), "choices": [choice], "usage": _usage(res.stats),
+        return {**self.head("text_completion"), "choices": [choice], "usage": self.usage(res.stats),
                 "speculation": speculation(res.stats)}
 
     def chat_response(self, res) -> dict:
         choice = {"index": 0, "message": {"role": "assistant", "content": res.text}, "logprobs": None,
                   "finish_reason": res.finish_reason}
-        return {**self._head("chat.completion"), "choices": [choice], "usage": _usage(res.stats),
+        return {**self.head("chat.completion"), "choices": [choice], "usage": self.usage(res.stats),
                 "speculation": speculation(res.stats)}
 
     def text_chunks(self, run: Iterator, prefix: str = "") -> Iterator[dict]:
-        chunk = lambda text, finish: {**self._head("text_completion"), "choices": [  # noqa: E731
+        chunk = lambda text, finish: {**self.head("text_completion"), "choices": [  # noqa: E731
             {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
         if prefix:
             yield chunk(prefix, None)
@@ -153,7 +153,7 @@ class _Shape:
                 yield {**chunk("", item.finish_reason), "speculation": speculation(item.stats)}
 
     def chat_chunks(self, run: Iterator) -> Iterator[dict]:
-        chunk = lambda delta, finish: {**self._head("chat.completion.chunk"), "choices": [  # noqa: E731
+        chunk = lambda delta, finish: {**self.head("chat.completion.chunk"), "choices": [  # noqa: E731
             {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
         yield chunk({"role": "assistant"}, None)
         for item in run:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Dict, Optional
 
 from .config import GenerationConfig
-from .policy import AcceptanceEstimate, CostModel, DraftPolicy, merge_evidence
+from .policy import CostModel, DraftPolicy, merge_evidence
 from .state import PairState
 
 K_MAX = 8  # the largest draft length k="auto" considers
@@ -99,4 +99,4 @@ class Learning:
         self.policies.clear()
 
 
-__all__ = ["Learning", "K_MAX", "AcceptanceEstimate"]
+

@@ -1,0 +1,93 @@
+"""The command-line options the generate, serve and calibrate commands share,
+and what they build: a GenerationConfig and a loaded SpeculativeLlama."""
+
+from __future__ import annotations
+
+import argparse
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (the usage block is in --help)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _number(kind, low, high=None):
+    def parse(s: str):
+        try:
+            v = kind(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{s!r} is not a valid {kind.__name__}") from None
+        if v != v or v < low or (high is not None and v > high):
+            raise argparse.ArgumentTypeError(f"must be {'>= ' + str(low) if high is None else f'in [{low}, {high}]'}, got {s}")
+        return v
+    return parse
+
+
+def _auto_or(parse):
+    return lambda s: "auto" if s == "auto" else parse(s)
+
+
+def add_model_args(ap: argparse.ArgumentParser) -> None:
+    """The options that choose and load models (generate, serve, calibrate)."""
+    ap.add_argument("--target", help="target GGUF: a path or a models.lock name (default: the default pair)")
+    ap.add_argument("--draft", help="draft GGUF: a path or a models.lock name (default: the default "
+                    "pair), or 'ngram' for model-free prompt-lookup drafting")
+    ap.add_argument("--ngram", action="store_true", help="with a draft model: try a prompt lookup first "
+                    "each round, fall back to the model")
+    ap.add_argument("--ctx", type=_number(int, 256), default=2048,
+                    help="context window in tokens, >= 256 (2048)")
+    ap.add_argument("--threads", type=_number(int, 1), help="threads (default: every core)")
+    ap.add_argument("--rpc", help="host:port[,host:port...] of rpc-server workers: put the target's "
+                    "layers on them (see `python -m specgguf rpc-server --help`)")
+    ap.add_argument("--draft-rpc", action="store_true", help="with --rpc: put the draft on the workers too")
+    ap.add_argument("--tensor-split", help="with --rpc: comma-separated share of layers per worker")
+    ap.add_argument("--verbose", action="store_true", help="show llama.cpp's own logs")
+
+
+def add_generation_args(ap: argparse.ArgumentParser) -> None:
+    """The generation defaults (generate, serve)."""
+    ap.add_argument("-n", "--max-tokens", type=_number(int, 0), default=256, help="max new tokens (256)")
+    ap.add_argument("--temp", type=_number(float, 0.0), default=0.0,
+                    help="temperature; 0 = greedy, identical to the target alone (0)")
+    ap.add_argument("--top-k", type=_number(int, 0), default=40, help="top-k, 0 = off (40)")
+    ap.add_argument("--top-p", type=_number(float, 0.0, 1.0), default=0.95, help="top-p (0.95)")
+    ap.add_argument("--min-p", type=_number(float, 0.0, 1.0), default=0.05, help="min-p (0.05)")
+    ap.add_argument("-k", "--draft-max", type=_auto_or(_number(int, 0, 32)), default="auto",
+                    help="draft tokens per round, 0 = plain target decoding, or 'auto': chosen each "
+                    "round from live acceptance and measured costs, backing off to 0 when drafting "
+                    "does not pay (auto)")
+    ap.add_argument("--p-min", type=_auto_or(_number(float, 0.0, 1.0)), default=None,
+                    help="stop drafting when the draft's confidence in its next token is below this "
+                    "(a number in [0, 1], or 'auto' to learn it; default: off)")
+    ap.add_argument("--seed", type=_number(int, 0, 2**64 - 1), help="seed for reproducible sampling")
+    inv = ap.add_mutually_exclusive_group()
+    inv.add_argument("--drafter-invariant", dest="drafter_invariant", action="store_true", default=None,
+                     help="verify by the shared-noise race: the text is exactly plain seeded sampling's, "
+                     "whatever the draft (default for seeded sampling)")
+    inv.add_argument("--exact-pq", dest="drafter_invariant", action="store_false",
+                     help="verify sampled drafts by the min(1, p/q) rule even with --seed (accepts a "
+                     "little more; a seed then reproduces only with the same settings and state)")
+
+
+def config_from_args(args: argparse.Namespace):
+    from .config import GenerationConfig
+    return GenerationConfig(max_tokens=args.max_tokens, temperature=args.temp, top_k=args.top_k,
+                            top_p=args.top_p, min_p=args.min_p, k=args.draft_max, p_min=args.p_min,
+                            seed=args.seed, drafter_invariant=args.drafter_invariant,
+                            stop=getattr(args, "stop", None))
+
+
+def load_pair(args: argparse.Namespace, **kw):
+    """The SpeculativeLlama the model options ask for (default pair filled in)."""
+    from . import models
+    from .api import SpeculativeLlama
+    target, draft = args.target, args.draft
+    if target is None or draft is None:
+        dt, dd = models.default_pair()
+        target, draft = target or dt, draft or dd
+    split = [float(x) for x in args.tensor_split.split(",")] if args.tensor_split else None
+    return SpeculativeLlama(target, draft, ngram=args.ngram, n_ctx=args.ctx, n_threads=args.threads,
+                            verbose=args.verbose, rpc=args.rpc, draft_rpc=args.draft_rpc,
+                            tensor_split=split, **kw)

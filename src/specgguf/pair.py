@@ -1,0 +1,117 @@
+"""Two models loaded as one generation needs them.
+
+:class:`ModelPair` resolves names (models.lock) and paths, loads the models
+(locally, or the target on llama.cpp RPC workers), checks that they share a
+tokenizer, and assembles what a run uses: the target (one batched forward
+per round), the drafter, the prompt encoder, the end-of-generation tokens,
+and the pair's identity for the state store (the files' content and this
+machine).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import List, Optional, Sequence, Union
+
+import llama_cpp
+
+from .llama_adapter import LlamaTarget, ModelDrafter
+from .llama_model import LlamaModel, ModelLike, check_vocab, eog_tokens, load_llama, machine_id
+from .models import resolve_model
+from .ngram import FallbackDrafter, NgramDrafter
+from .rpc import RemoteModel, Workers
+from .sampling import Sampler
+from .state import PairState, Store
+from .text import PromptEncoder
+
+
+def _name(model: object) -> str:
+    return Path(model.model_path).name if isinstance(model, llama_cpp.Llama) else os.fspath(model)
+
+
+class _Loader:
+    """How this pair's models are loaded: context, threads, logs, workers."""
+
+    def __init__(self, n_ctx: int, n_threads: Optional[int], verbose: bool, workers: Optional[Workers],
+                 tensor_split: Optional[Sequence[float]]) -> None:
+        self.n_ctx, self.verbose, self.workers, self.split = n_ctx, verbose, workers, tensor_split
+        self.n_threads = n_threads or os.cpu_count() or 1
+
+    def llama(self, model: ModelLike, remote: bool):
+        """(a Llama for the model's tokenizer, and its forwards unless remote; its file)."""
+        if isinstance(model, llama_cpp.Llama):
+            return model, Path(model.model_path)
+        path = resolve_model(os.fspath(model))
+        if remote and self.workers:  # the weights go to the workers; here, the vocabulary only
+            return load_llama(path, self.n_ctx, 1, self.verbose, vocab_only=True), path
+        return load_llama(path, self.n_ctx, self.n_threads, self.verbose), path
+
+    def model(self, llm, path: Path, width: int, remote: bool):
+        if remote and self.workers:
+            return RemoteModel(path, self.workers, llm, self.n_ctx, self.n_threads, width, self.split)
+        return LlamaModel(llm, width)
+
+
+class ModelPair:
+    """A target and a draft (a model, or ``"ngram"``), ready to generate.
+
+    Args: as :class:`~specgguf.SpeculativeLlama`'s.
+    """
+
+    def __init__(self, target: ModelLike, draft: ModelLike, *, ngram: bool = False, n_ctx: int = 2048,
+                 n_threads: Optional[int] = None, verbose: bool = False,
+                 rpc: Union[None, str, Sequence[str]] = None, draft_rpc: bool = False,
+                 tensor_split: Optional[Sequence[float]] = None, store: Optional[Store] = None) -> None:
+        model_free = isinstance(draft, str) and draft == "ngram"
+        if ngram and model_free:
+            raise ValueError("ngram=True adds a prompt lookup in front of a draft model; draft='ngram' already is one")
+        workers = Workers.parse(rpc)
+        if workers:
+            workers.check()  # an unreachable or mismatched worker, named, before anything loads
+        load = _Loader(n_ctx, n_threads, verbose, workers, tensor_split)
+        self.names = (_name(target), "ngram" if model_free else _name(draft))
+        self.owns = not isinstance(target, llama_cpp.Llama)  # models loaded here keep their KV cache
+        self.target_llm, tpath = load.llama(target, remote=True)
+        self.draft_llm, dpath = load.llama(draft, draft_rpc) if not model_free else (None, None)
+        width = max(int(m.n_vocab()) for m in (self.target_llm, self.draft_llm) if m is not None)
+        self.target = LlamaTarget(load.model(self.target_llm, tpath, width, remote=True))
+        self.draft_model = None
+        if model_free:
+            self.drafter = NgramDrafter()
+        else:
+            self.draft_model = ModelDrafter(load.model(self.draft_llm, dpath, width, remote=draft_rpc))
+            check_vocab(self.target.model, self.draft_model.model, *self.names)
+            self.drafter = FallbackDrafter(NgramDrafter(n_min=3), self.draft_model) if ngram else self.draft_model
+        self.text = PromptEncoder(self.target_llm, self.names[0])
+        self.eog = eog_tokens(self.target_llm)
+        self.state = self._state(store or Store(), [tpath] + ([dpath] if dpath else []), load, model_free)
+
+    @staticmethod
+    def _state(store: Store, paths: List[Path], load: _Loader, model_free: bool) -> PairState:
+        ids = [store.file_sha256(p) for p in paths] + (["ngram"] if model_free else [])
+        machine = machine_id(load.n_threads) + (f"|{load.workers.key()}" if load.workers else "")
+        return PairState(store, "+".join(ids), machine)
+
+    @property
+    def models(self) -> list:
+        return [self.target.model] + ([self.draft_model.model] if self.draft_model else [])
+
+    @property
+    def n_ctx(self) -> int:
+        return min(m.n_ctx for m in self.models)
+
+    def reset(self) -> None:
+        """Empty both KV caches."""
+        for m in self.models:
+            m.reset()
+
+    def use(self, sampler: Sampler) -> None:
+        """Warp and pick tokens by ``sampler`` from now on (both models alike)."""
+        self.target.sampler = sampler
+        if self.draft_model is not None:
+            self.draft_model.sampler = sampler
+
+    def timers(self) -> tuple:
+        """Seconds spent so far in each model's forwards, and in warping."""
+        return tuple(m.seconds for m in self.models) + (self.target.warp_seconds,)

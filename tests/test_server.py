@@ -1,0 +1,256 @@
+"""The OpenAI-compatible server as users meet it: a real `specgguf serve`
+process on a loopback port, driven by the real `openai` client and by raw
+HTTP for every bad request."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+pytest.importorskip("llama_cpp")
+openai = pytest.importorskip("openai")
+
+from tests.conftest import PROMPTS  # noqa: E402
+
+KEY = "test-key-123"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Served:
+    """A `python -m specgguf serve` subprocess and what it logged."""
+
+    def __init__(self, *args, key=KEY):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "specgguf", "serve", "--port", str(self.port), "--threads", "2",
+               "--ctx", "512", *args] + (["--api-key", key] if key else [])
+        self.log = open(os.path.join(os.environ["SPECGGUF_STATE"], f"server-{self.port}.log"), "w+")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log)
+        self.headers = {"Authorization": f"Bearer {key}"} if key else {}
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                if httpx.get(self.url + "/health", headers=self.headers, timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.3)
+            assert self.proc.poll() is None, self.text()
+        raise AssertionError("the server did not start: " + self.text())
+
+    def text(self):
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()
+
+    def post(self, path, body, **kw):
+        return httpx.post(self.url + path, content=body if isinstance(body, (bytes, str)) else json.dumps(body),
+                          headers=dict(self.headers, **kw.pop("headers", {})), timeout=kw.pop("timeout", 120), **kw)
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def served(session_state):
+    s = Served()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return openai.OpenAI(base_url=served.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+
+
+def chat(prompt):
+    return [{"role": "user", "content": prompt}]
+
+
+def test_models_and_health(served, client):
+    assert [m.id for m in client.models.list()] == ["smollm2-135m-f32"]
+    assert httpx.get(served.url + "/health", headers=served.headers).json()["status"] == "ok"
+
+
+def test_chat_and_completion_through_the_openai_client(client):
+    r = client.chat.completions.create(model="x", messages=chat(PROMPTS[1]), max_tokens=24, temperature=0)
+    assert r.choices[0].message.role == "assistant" and r.choices[0].message.content
+    assert r.choices[0].finish_reason in ("length", "stop") and r.usage.completion_tokens <= 24
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    spec = r.model_extra["speculation"]
+    assert {"drafted", "accepted", "acceptance_rate", "rounds", "k_chosen"} <= set(spec)
+    c = client.completions.create(model="x", prompt="The capital of France is", max_tokens=8, temperature=0)
+    assert c.object == "text_completion" and c.choices[0].text and c.usage.completion_tokens <= 8
+
+
+def test_streaming_equals_the_whole_response(client):
+    whole = client.chat.completions.create(model="x", messages=chat(PROMPTS[0]), max_tokens=30, temperature=0)
+    stream = client.chat.completions.create(model="x", messages=chat(PROMPTS[0]), max_tokens=30, temperature=0,
+                                            stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    pieces = [c.choices[0].text for c in client.completions.create(model="x", prompt="Once upon a time",
+                                                                   max_tokens=12, temperature=0, stream=True)]
+    assert "".join(pieces) == client.completions.create(model="x", prompt="Once upon a time", max_tokens=12,
+                                                        temperature=0).choices[0].text
+
+
+def test_stop_strings_and_seeds(client):
+    full = client.completions.create(model="x", prompt="Count: 1, 2, 3,", max_tokens=30, temperature=0)
+    assert "6" in full.choices[0].text
+    cut = client.completions.create(model="x", prompt="Count: 1, 2, 3,", max_tokens=30, temperature=0, stop=["6"])
+    assert cut.choices[0].finish_reason == "stop" and cut.choices[0].text == full.choices[0].text.split("6")[0]
+    a = client.chat.completions.create(model="x", messages=chat(PROMPTS[2]), max_tokens=24, temperature=0.9, seed=5)
+    b = client.chat.completions.create(model="x", messages=chat(PROMPTS[2]), max_tokens=24, temperature=0.9, seed=5)
+    c = client.chat.completions.create(model="x", messages=chat(PROMPTS[2]), max_tokens=24, temperature=0.9, seed=6)
+    assert a.choices[0].message.content == b.choices[0].message.content != c.choices[0].message.content
+    assert a.model_extra["speculation"]["verification"] == "invariant"
+
+
+def test_greedy_text_equals_generate_in_process(client):
+    import specgguf
+    for prompt in PROMPTS[:2]:
+        served = client.chat.completions.create(model="x", messages=chat(prompt), max_tokens=40, temperature=0)
+        local = specgguf.generate(chat(prompt), target="smollm2-135m-f32", draft="smollm2-135m-q4_1",
+                                  max_tokens=40, n_ctx=512, n_threads=2)
+        assert served.choices[0].message.content == local.text
+
+
+def test_every_route_needs_the_key(served):
+    for key in (None, "wrong"):
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        for method, path in (("GET", "/health"), ("GET", "/v1/models"), ("POST", "/v1/chat/completions"),
+                             ("POST", "/v1/completions"), ("GET", "/nope")):
+            r = httpx.request(method, served.url + path, headers=headers, content=b"{}")
+            assert r.status_code == 401, (key, path)
+            assert r.json()["error"]["code"] == "invalid_api_key"
+
+
+GOOD = {"messages": chat("Hi"), "max_tokens": 4}
+BAD_REQUESTS = [
+    (b"{not json", None),
+    (b"[1, 2]", None),
+    ({"max_tokens": 4}, "messages"),
+    ({"messages": "hello"}, "messages"),
+    ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages"),
+    ({**GOOD, "temperature": -0.5}, "temperature"),
+    ({**GOOD, "temperature": "hot"}, "temperature"),
+    ({**GOOD, "max_tokens": -1}, "max_tokens"),
+    ({**GOOD, "max_tokens": "ten"}, "max_tokens"),
+    ({**GOOD, "top_p": 3}, "top_p"),
+    ({**GOOD, "seed": -4}, "seed"),
+    ({**GOOD, "stop": 7}, "stop"),
+    ({**GOOD, "stream": "yes"}, "stream"),
+    ({**GOOD, "n": 2}, "n"),
+    ({**GOOD, "logprobs": True}, "logprobs"),
+    ({**GOOD, "presence_penalty": 0.5}, "presence_penalty"),
+    ({**GOOD, "frequency_penalty": 1}, "frequency_penalty"),
+    ({**GOOD, "logit_bias": {"1": 5}}, "logit_bias"),
+    ({**GOOD, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({**GOOD, "response_format": {"type": "json_object"}}, "response_format"),
+    ({**GOOD, "frobnicate": 1}, "frobnicate"),
+    ({"messages": chat("word " * 600)}, "messages"),  # longer than the 512-token context
+]
+
+
+@pytest.mark.parametrize("body,param", BAD_REQUESTS)
+def test_bad_requests_get_a_400_naming_the_field(served, body, param):
+    r = served.post("/v1/chat/completions", body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    assert err["param"] == param
+
+
+def test_bad_completion_requests_and_the_server_lives_on(served, client):
+    for body, param in (({"max_tokens": 3}, "prompt"), ({"prompt": {"a": 1}}, "prompt"),
+                        ({"prompt": "hi", "echo": "x"}, "echo"), ({"prompt": "hi", "suffix": "!"}, "suffix"),
+                        ({"prompt": [1, 10**9]}, "prompt")):
+        r = served.post("/v1/completions", body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    assert served.post("/v1/chat/completions", GOOD).status_code == 200
+    assert httpx.delete(served.url + "/v1/models", headers=served.headers).status_code == 405
+    assert client.completions.create(model="x", prompt="Hello", max_tokens=3).choices[0].text is not None
+
+
+def test_a_client_that_disconnects_mid_stream(served, client):
+    body = {"messages": chat("Write a very long story about the sea."), "max_tokens": 400, "stream": True,
+            "temperature": 0}
+    with httpx.Client(timeout=60) as h:
+        with h.stream("POST", served.url + "/v1/chat/completions", headers=served.headers, json=body) as r:
+            lines = r.iter_lines()
+            got = [next(lines) for _ in range(6)]
+            assert got[0].startswith("data: ")
+    # It stopped within a round, long before its 400 tokens, and the next request is right.
+    deadline = time.time() + 30
+    while time.time() < deadline and " 499 " not in served.text():
+        time.sleep(0.2)
+    line = next(x for x in served.text().splitlines() if " 499 " in x)
+    assert int(line.split("after ")[1].split()[0]) < 100, line  # chunks sent before it stopped
+    expect = client.chat.completions.create(model="x", messages=chat(PROMPTS[1]), max_tokens=20, temperature=0)
+    again = client.chat.completions.create(model="x", messages=chat(PROMPTS[1]), max_tokens=20, temperature=0)
+    assert again.choices[0].message.content == expect.choices[0].message.content
+
+
+def test_sixteen_concurrent_streams_all_complete(served):
+    results, errors = {}, []
+
+    def one(i):
+        try:
+            c = openai.OpenAI(base_url=served.url + "/v1", api_key=KEY, max_retries=0, timeout=300)
+            chunks = list(c.chat.completions.create(model="x", messages=chat(f"Say a word about number {i}."),
+                                                    max_tokens=12, temperature=0, stream=True))
+            results[i] = chunks
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append((i, repr(e)))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
+    t0 = time.time()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, errors
+    assert sorted(results) == list(range(16)) and time.time() - t0 < 300
+    for chunks in results.values():
+        assert chunks[0].choices[0].delta.role == "assistant"
+        assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+
+
+def test_a_full_queue_answers_503_with_retry_after(session_state):
+    s = Served("--queue", "0", key=None)
+    try:
+        body = {"messages": chat("Write a long story."), "max_tokens": 200, "stream": True}
+        with httpx.Client(timeout=60) as h:
+            with h.stream("POST", s.url + "/v1/chat/completions", json=body) as r:
+                next(r.iter_lines())  # the first is running
+                busy = httpx.post(s.url + "/v1/chat/completions", json=GOOD, timeout=60)
+        assert busy.status_code == 503 and busy.headers["Retry-After"]
+        assert busy.json()["error"]["code"] == "overloaded"
+        time.sleep(1)
+        assert httpx.post(s.url + "/v1/chat/completions", json=GOOD, timeout=60).status_code == 200
+    finally:
+        s.stop()
+
+
+def test_binds_to_loopback_by_default():
+    from specgguf.options import Parser  # noqa: F401 - the server's parser is built from it
+    r = subprocess.run([sys.executable, "-m", "specgguf", "serve", "--help"], capture_output=True, text=True)
+    assert "--host" in r.stdout and "127.0.0.1" in r.stdout
