@@ -24,7 +24,7 @@ from .config import GenerationConfig
 from .decoder import SpeculativeDecoder
 from .learning import K_MAX, Learning
 from .llama_adapter import calibrate, measure_acceptance
-from .llama_model import ModelLike
+from .llama_model import InUse, ModelLike
 from .pair import ModelPair
 from .sampling import Sampler
 from .text import Prompt, TextStream
@@ -42,28 +42,6 @@ class GenerationResult:
     tokens: List[int]
     finish_reason: str
     stats: Dict[str, Any] = field(default_factory=dict)
-
-
-class InUse:
-    """One generation at a time per object. A call from another thread waits
-    for the running one to finish; a second generation started in the thread
-    that holds an unfinished one (a stream not yet exhausted or closed)
-    raises instead of deadlocking."""
-
-    def __init__(self, what: str) -> None:
-        self.what, self.lock, self.owner = what, threading.Lock(), None
-
-    def __enter__(self) -> "InUse":
-        if self.owner == threading.get_ident():
-            raise RuntimeError(f"this {self.what} is in use by an unfinished generation in this thread; "
-                               "exhaust or close() that stream first")
-        self.lock.acquire()
-        self.owner = threading.get_ident()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.owner = None
-        self.lock.release()
 
 
 class SpeculativeLlama(CompletionMethods):

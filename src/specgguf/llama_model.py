@@ -17,6 +17,7 @@ import ctypes
 import hashlib
 import os
 import platform
+import threading
 import time
 from pathlib import Path
 from typing import FrozenSet, List, Optional, Sequence, Union
@@ -170,6 +171,28 @@ class LlamaModel:
 
     def token_text(self, token: int) -> bytes:
         return llama_cpp.llama_vocab_get_text(self.vocab, token) or b""
+
+
+class InUse:
+    """One generation at a time per object. A call from another thread waits
+    for the running one to finish; a second generation started in the thread
+    that holds an unfinished one (a stream not yet exhausted or closed)
+    raises instead of deadlocking."""
+
+    def __init__(self, what: str) -> None:
+        self.what, self.lock, self.owner = what, threading.Lock(), None
+
+    def __enter__(self) -> "InUse":
+        if self.owner == threading.get_ident():
+            raise RuntimeError(f"this {self.what} is in use by an unfinished generation in this thread; "
+                               "exhaust or close() that stream first")
+        self.lock.acquire()
+        self.owner = threading.get_ident()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.owner = None
+        self.lock.release()
 
 
 def check_vocab(target: LlamaModel, draft: LlamaModel, target_name: str, draft_name: str) -> None:
