@@ -119,19 +119,18 @@ def main():
     tname, dname = models.default_pair()
     tpath, dpath = models.fetch(tname), models.fetch(dname)
     spec = SpeculativeLlama(str(tpath), str(dpath), n_threads=args.threads)
-    spec.costs()
     print(f"target {tname}, draft {dname}, {args.threads} threads, {args.tokens} tokens; "
           "tok/s = generated tokens / (prompt + generation time), for both")
     print(f"{'prompt':<8} {'temp':>4} {'llama.cpp K=4':>14} {'acc':>5} {'ours k=0':>9} {'ours K=4':>9} "
           f"{'acc':>5} {'ours auto':>9}")
     for i, p in enumerate(PROMPTS):
         msgs = [{"role": "user", "content": p}]
-        text = spec.target.detokenize(spec.tokenize(msgs, chat=True), special=True).decode()
+        text = spec.pair.target_llm.detokenize(spec.tokenize(msgs, chat=True), special=True).decode()
         for temp in (0.0, 0.8):
             lc, lc_acc = run_llama_cpp(exe, tpath, dpath, text, args.tokens, temp, args.threads)
-            r0 = spec.generate(msgs, chat=True, max_tokens=args.tokens, temperature=temp, k=0)
-            r4 = spec.generate(msgs, chat=True, max_tokens=args.tokens, temperature=temp, k=4)
-            ra = spec.generate(msgs, chat=True, max_tokens=args.tokens, temperature=temp, k="auto")
+            run = lambda k: (spec.reset(), spec.generate(msgs, max_tokens=args.tokens, temperature=temp, k=k,
+                                                          drafter_invariant=False))[1]  # noqa: E731
+            r0, r4, ra = run(0), run(4), run("auto")
             print(f"#{i + 1:<7} {temp:>4} {lc:>14.1f} {lc_acc:>5.2f} {r0.stats['tokens_per_second']:>9.1f} "
                   f"{r4.stats['tokens_per_second']:>9.1f} {r4.stats['acceptance_rate']:>5.2f} "
                   f"{ra.stats['tokens_per_second']:>9.1f}", flush=True)

@@ -254,6 +254,10 @@ py::array_t<float> py_warp(py::handle logits, double temperature, long long top_
     if (!(top_p >= 0.0 && top_p <= 1.0)) throw py::value_error("top_p must be in [0, 1], got " + std::to_string(top_p));
     if (!(min_p >= 0.0 && min_p <= 1.0)) throw py::value_error("min_p must be in [0, 1], got " + std::to_string(min_p));
     py::array a = as_array(logits, "logits");
+    const char kind = a.dtype().kind();
+    if (kind != 'f' && kind != 'i' && kind != 'u')
+        throw py::type_error("logits must hold real numbers (float32 preferred), got dtype " +
+                             std::string(py::str(a.dtype())));
     if (a.ndim() != 2) throw py::value_error("logits must be 2-D [n, V], got shape " + shape_str(a));
     const std::size_t n = (std::size_t)a.shape(0);
     auto lg = as_matrix(logits, "logits", n, n);

@@ -58,7 +58,7 @@ def test_seeded_sampling_equals_plain_seeded_sampling(spec):
         for k in ks:
             res = spec.generate(m, max_tokens=32, temperature=temp, top_k=top_k, seed=123, k=k)
             assert res.tokens == plain.tokens and res.text == plain.text
-            assert res.stats["verification"] == "invariant" and res.stats["drafted"] > 0
+            assert res.stats["verification"] == "invariant" and (k == "auto" or res.stats["drafted"] > 0)
         assert spec.generate(m, max_tokens=32, temperature=temp, top_k=top_k, seed=124, k=0).tokens != plain.tokens
 
 
@@ -295,3 +295,34 @@ def test_auto_k_skips_a_draft_that_could_not_repay_its_prompt_prefill(target, dr
     assert res.stats["k_hist"] == {0: res.stats["rounds"]}
     assert s.pair.draft_model.model.seconds == seconds  # not one draft forward
     assert res.tokens == plain_greedy(target, ids, len(res.tokens))
+
+
+def test_a_seed_gives_the_same_text_by_name_by_path_and_at_any_thread_count():
+    """The same files named by models.lock name or by path, with another
+    thread count: one pair (identified by content), and the same seeded text
+    (drafter-invariant sampling does not depend on K or timings)."""
+    from specgguf import models
+    t, d = "smollm2-135m-f32", "smollm2-135m-q4_1"
+    runs = [SpeculativeLlama(t, d, n_ctx=256, n_threads=2),
+            SpeculativeLlama(str(models.fetch(t)), str(models.fetch(d)), n_ctx=256, n_threads=1)]
+    assert runs[0].learning.state.pair == runs[1].learning.state.pair
+    texts = {r.generate(msgs(PROMPTS[0]), max_tokens=24, temperature=0.9, seed=77).text for r in runs}
+    assert len(texts) == 1
+
+
+def test_sampled_evidence_and_priors_stay_in_their_regime(target, draft):
+    """Greedy and sampled acceptance never mix, and a prior measured at
+    temperature 0.8 applies only there."""
+    s = SpeculativeLlama(target, draft)
+    s.learning.calibrated(s.learning._costs(), {"greedy": 0.9, "sampled": 0.6, "temperature": 0.8})
+    cfg = specgguf.GenerationConfig
+    assert s.learning.prior(cfg()) == 0.9
+    assert s.learning.prior(cfg(temperature=0.8, drafter_invariant=False)) == 0.6
+    assert s.learning.prior(cfg(temperature=1.2, drafter_invariant=False)) is None
+    assert s.learning.prior(cfg(temperature=0.8, top_k=5, drafter_invariant=False)) is None
+    s.generate(msgs(PROMPTS[1]), max_tokens=64, k=4)  # fixed K: no policy, nothing learned
+    assert s.learning.state.evidence("greedy") is None
+    s.generate(msgs(PROMPTS[1]), max_tokens=64, k="auto")
+    assert s.learning.state.evidence("greedy") is not None
+    assert s.learning.state.evidence(cfg(temperature=0.8).regime) is None  # greedy runs write greedy evidence only
+    assert s.learning.policy(cfg()) is not s.learning.policy(cfg(temperature=0.8))

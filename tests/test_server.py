@@ -254,3 +254,12 @@ def test_binds_to_loopback_by_default():
     from specgguf.options import Parser  # noqa: F401 - the server's parser is built from it
     r = subprocess.run([sys.executable, "-m", "specgguf", "serve", "--help"], capture_output=True, text=True)
     assert "--host" in r.stdout and "127.0.0.1" in r.stdout
+
+
+def test_the_example_client_runs_as_written(served):
+    import pathlib
+    example = pathlib.Path(__file__).parents[1] / "examples" / "openai_client.py"
+    r = subprocess.run([sys.executable, str(example)], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, SPECGGUF_URL=served.url + "/v1", SPECGGUF_API_KEY=KEY))
+    assert r.returncode == 0, r.stderr
+    assert "drafted" in r.stdout and len(r.stdout.splitlines()) >= 3

@@ -126,6 +126,13 @@ class SpeculativeLlama(CompletionMethods):
             sampler = Sampler.from_config(config, origin=len(ids))
             pair.use(sampler)
             policy = self.learning.policy(config)
+            if policy is not None and policy.acceptance.knows_nothing():
+                # Nothing known of this draft yet: measure it on the prompt, on
+                # the way in, instead of probing blind (a probe into a poor
+                # draft costs its whole catch-up and teaches three tokens).
+                agreement = pair.prompt_agreement(ids, sampler)
+                if agreement is not None:
+                    policy.acceptance.add_prior(agreement)
             dec = SpeculativeDecoder(pair.drafter, pair.target, k=policy or config.k, sampler=sampler,
                                      p_min=config.p_min)
             out = TextStream(lambda t: pair.target_llm.detokenize([t], special=False), config.stop, pair.eog)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from typing import List
 
 from .options import Parser, add_model_args, load_pair
@@ -53,5 +55,29 @@ def serve_main(argv: List[str]) -> int:
 
 
 def rpc_server_main(argv: List[str]) -> int:
-    from .rpc import worker_main
-    return worker_main(argv)
+    from .rpc import DEFAULT_PORT, WARNING, is_loopback, server_binary
+    ap = Parser(prog="python -m specgguf rpc-server",
+                description="Run a llama.cpp rpc-server worker: another machine's specgguf puts the target's "
+                "layers on it with --rpc HOST:PORT. " + WARNING.format(where="the address you give")[18:])
+    ap.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1; anything else "
+                    "needs --allow-remote)")
+    ap.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port ({DEFAULT_PORT})")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="CPU threads (every core)")
+    ap.add_argument("--cache", action="store_true", help="keep received weights in a local cache "
+                    "($LLAMA_CACHE/rpc, else ~/.cache/llama.cpp/rpc), so a later load sends only hashes")
+    ap.add_argument("--allow-remote", action="store_true", help="allow a non-loopback --host (see the warning)")
+    args = ap.parse_args(argv)
+    if not 0 < args.port < 65536:
+        ap.error(f"--port must be in [1, 65535], got {args.port}")
+    if args.threads < 1:
+        ap.error(f"--threads must be >= 1, got {args.threads}")
+    if not is_loopback(args.host):
+        if not args.allow_remote:
+            ap.error(f"--host {args.host} is not loopback: the RPC protocol is unauthenticated and "
+                     "unencrypted; add --allow-remote on a trusted network")
+        print(WARNING.format(where=f"{args.host}:{args.port}"), file=sys.stderr, flush=True)
+    binary = server_binary()
+    cmd = [str(binary), "-H", args.host, "-p", str(args.port), "-t", str(args.threads)] + (["-c"] if args.cache else [])
+    print(f"specgguf: rpc-server listening on {args.host}:{args.port} ({args.threads} threads)", file=sys.stderr,
+          flush=True)
+    os.execv(binary, cmd)  # the worker takes this process over (same pid; signals reach it)

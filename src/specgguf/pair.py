@@ -16,7 +16,7 @@ from typing import List, Optional, Sequence, Union
 
 import llama_cpp
 
-from .llama_adapter import LlamaTarget, ModelDrafter
+from .llama_adapter import LlamaTarget, ModelDrafter, prompt_agreement
 from .llama_model import LlamaModel, ModelLike, check_vocab, eog_tokens, load_llama, machine_id
 from .models import resolve_model
 from .ngram import FallbackDrafter, NgramDrafter
@@ -111,6 +111,13 @@ class ModelPair:
         self.target.sampler = sampler
         if self.draft_model is not None:
             self.draft_model.sampler = sampler
+
+    def prompt_agreement(self, ids: List[int], sampler: Sampler) -> Optional[float]:
+        """The draft's acceptance on this prompt (see llama_adapter.prompt_agreement);
+        None without a draft model or for a short prompt."""
+        if self.draft_model is None:
+            return None
+        return prompt_agreement(self.target.model, self.draft_model.model, ids, sampler)
 
     def timers(self) -> tuple:
         """Seconds spent so far in each model's forwards, and in warping."""

@@ -199,11 +199,21 @@ class AcceptanceEstimate:
         self.run_decay = 1.0         # how much `before` decayed meanwhile
         self.rounds_without_evidence = 0
         if prior is not None:
-            # Evidence like any other, at every position (one early rejection
-            # must not outweigh it); observations decay it.
-            self.before.accepted = [float(prior) * self.PRIOR_CAP] * k_max
-            self.before.verified = [self.PRIOR_CAP] * k_max
-            self.before.total = [float(prior) * self.PRIOR_CAP, self.PRIOR_CAP]
+            self.add_prior(float(prior))
+
+    def add_prior(self, rate: float, weight: float = PRIOR_CAP) -> None:
+        """A measured per-token acceptance, worth ``weight`` observations at
+        every position (one early rejection must not outweigh it), counted
+        once overall; observations decay it like any other evidence."""
+        if not 0.0 <= rate <= 1.0:
+            raise ValueError(f"a measured acceptance must be in [0, 1], got {rate!r}")
+        self.before.accepted = [a + rate * weight for a in self.before.accepted]
+        self.before.verified = [v + weight for v in self.before.verified]
+        self.before.total = [self.before.total[0] + rate * weight, self.before.total[1] + weight]
+
+    def knows_nothing(self) -> bool:
+        """No prior, no stored evidence, no observation yet."""
+        return self.totals()[1] == 0
 
     def totals(self) -> tuple:
         """(accepted, verified) overall, before and during the run."""
@@ -405,7 +415,7 @@ class DraftPolicy:
             self.acceptance.rounds_without_evidence += 1
             # Knowing nothing of the draft, any plain round may probe: waiting
             # would cost a good draft's first run most of its speed-up.
-            due = self.plain_rounds >= self.probe_every or self.acceptance.totals()[1] == 0
+            due = self.plain_rounds >= self.probe_every or self.acceptance.knows_nothing()
             if due and self.could_pay(remaining, lag):
                 self.plain_rounds = 0
                 self.probing = True

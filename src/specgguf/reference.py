@@ -15,12 +15,25 @@ from typing import Sequence, Tuple
 import numpy as np
 
 
+def _mass(row: np.ndarray, name: str, i: int) -> np.ndarray:
+    """A row of masses as float64, checked as the compiled ops check the rows they read."""
+    x = np.asarray(row, dtype=np.float64)
+    if not np.isfinite(x).all() or (x < 0).any():
+        raise ValueError(f"{name} row {i} contains NaN, Inf or a negative value")
+    if x.sum() == 0:
+        raise ValueError(f"{name} row {i} has zero total mass")
+    return x
+
+
 def verify_greedy(target_probs: np.ndarray, draft_tokens: Sequence[int]) -> Tuple[int, int]:
     """Reference of :func:`specgguf.verify_greedy`. target_probs ``[K+1, V]``."""
     target = np.asarray(target_probs)
     k = len(draft_tokens)
     for i in range(k + 1):
-        a = int(np.argmax(target[i]))
+        row = target[i].astype(np.float32)
+        if np.isnan(row).any() or np.isposinf(row).any():
+            raise ValueError(f"target_probs row {i} contains NaN or +Inf")
+        a = int(np.argmax(row))
         if i == k or int(draft_tokens[i]) != a:
             return i, a
     raise AssertionError("unreachable")
@@ -51,8 +64,9 @@ def accept_uniforms(target_probs: np.ndarray, draft_probs: np.ndarray,
     u = np.asarray(uniforms, dtype=np.float64)
     margin = np.inf
     for i in range(k):
-        # Rows are converted as they are read: rows after a rejection never are.
-        p, q, t = target[i].astype(np.float64), draft[i].astype(np.float64), int(draft_tokens[i])
+        # Rows are converted (and checked) as they are read: rows after a rejection never are.
+        t = int(draft_tokens[i])
+        p, q = _mass(target[i], "target_probs", i), _mass(draft[i], "draft_probs", i)
         P, Q = p.sum(), q.sum()
         lhs, rhs = u[i] * q[t] * P, p[t] * Q
         margin = min(margin, abs(lhs - rhs) / max(rhs, lhs, 1e-300))
@@ -68,9 +82,20 @@ def accept_uniforms(target_probs: np.ndarray, draft_probs: np.ndarray,
             r, R = p, P
         j, m = _sample(r, R, u[k])
         return i, j, min(margin, m)
-    p = target[k].astype(np.float64)
+    p = _mass(target[k], "target_probs", k)
     j, m = _sample(p, p.sum(), u[k])
     return k, j, min(margin, m)
+
+
+def accept_onehot_uniforms(target_probs: np.ndarray, draft_tokens: Sequence[int],
+                           uniforms: Sequence[float]) -> Tuple[int, int, float]:
+    """Reference of :func:`specgguf.accept_onehot_uniforms`: :func:`accept_uniforms`
+    with one-hot draft rows, which is its contract."""
+    target = np.asarray(target_probs)
+    k, v = len(draft_tokens), target.shape[1]
+    onehot = np.zeros((k, v), np.float32)
+    onehot[np.arange(k), np.asarray(draft_tokens, dtype=np.int64)] = 1.0
+    return accept_uniforms(target, onehot, draft_tokens, uniforms)
 
 
 def warp(logits: np.ndarray, temperature: float, top_k: int = 40, top_p: float = 0.95,
@@ -81,6 +106,8 @@ def warp(logits: np.ndarray, temperature: float, top_k: int = 40, top_p: float =
     out = np.zeros((n, v), dtype=np.float32)
     for r in range(n):
         row = logits[r]
+        if np.isnan(row).any() or np.isposinf(row).any() or not np.isfinite(row).any():
+            raise ValueError(f"logits row {r} contains NaN or +inf, or has no finite value")
         order = np.lexsort((np.arange(v), -row))  # by logit, ties to the lower index
         order = order[np.isfinite(row[order])]
         if 0 < top_k < v:
@@ -117,6 +144,7 @@ def race_pick(row: np.ndarray, seed: int, position: int) -> int:
     """Reference of :func:`specgguf.race_pick` for one ``[V]`` row of masses:
     argmin over tokens with mass of -log(U) / mass (ties: lower index)."""
     import math
+    row = _mass(row, "probs", 0)
     best, pick = math.inf, -1
     for t in np.flatnonzero(np.asarray(row) > 0):
         e = -math.log(race_uniform(seed, position, int(t))) / float(row[t])
@@ -130,6 +158,7 @@ def accept_invariant(target_probs: np.ndarray, draft_tokens: Sequence[int], seed
     """Reference of :func:`specgguf.accept_invariant`."""
     target = np.asarray(target_probs)
     for i in range(len(draft_tokens) + 1):
+        _mass(target[i], "target_probs", i)
         y = race_pick(target[i], seed, position + i)
         if i == len(draft_tokens) or int(draft_tokens[i]) != y:
             return i, y

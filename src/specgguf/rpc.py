@@ -13,9 +13,9 @@ network (K+1 tokens per round trip instead of one).
   becomes a clear error naming the worker, every forward has a deadline, and
   the caller's process stays usable and can load again. Logits come back
   ``[n, V]`` float32 over a socket pair, O(K x V) per round.
-* :func:`worker_main` is ``python -m specgguf rpc-server``: llama.cpp's own
-  ``rpc-server`` (built by scripts/setup.sh from the same pinned source as
-  the Python bindings), exec'd in place.
+* :func:`server_binary` finds llama.cpp's own ``rpc-server`` (built by
+  scripts/setup.sh from the same pinned source as the Python bindings), which
+  ``python -m specgguf rpc-server`` runs.
 
 Security: the RPC protocol has no authentication and no encryption. Anyone
 who can reach a worker's port can run computations on it and read what it
@@ -332,7 +332,7 @@ def _child_main(fd: int) -> None:
             conn.send_bytes(pickle.dumps(("error", str(e))))
 
 
-# ---- python -m specgguf rpc-server ----------------------------------------------
+# ---- the worker ------------------------------------------------------------------
 
 def server_binary() -> Path:
     """llama.cpp's rpc-server as scripts/setup.sh built it (or $SPECGGUF_RPC_SERVER)."""
@@ -351,35 +351,6 @@ def server_binary() -> Path:
 WARNING = ("specgguf: WARNING: this worker listens on {where}. llama.cpp's RPC protocol has no "
            "authentication and no encryption: anyone who can reach this port can run computations "
            "on this machine and read what it holds. Use it only on a network you trust.")
-
-
-def worker_main(argv: List[str]) -> int:
-    from .options import Parser
-    ap = Parser(prog="python -m specgguf rpc-server",
-                description="Run a llama.cpp rpc-server worker: another machine's specgguf puts the target's "
-                "layers on it with --rpc HOST:PORT. " + WARNING.format(where="the address you give")[18:])
-    ap.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1; anything else "
-                    "needs --allow-remote)")
-    ap.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port ({DEFAULT_PORT})")
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="CPU threads (every core)")
-    ap.add_argument("--cache", action="store_true", help="keep received weights in a local cache "
-                    "($LLAMA_CACHE/rpc, else ~/.cache/llama.cpp/rpc), so a later load sends only hashes")
-    ap.add_argument("--allow-remote", action="store_true", help="allow a non-loopback --host (see the warning)")
-    args = ap.parse_args(argv)
-    if not 0 < args.port < 65536:
-        ap.error(f"--port must be in [1, 65535], got {args.port}")
-    if args.threads < 1:
-        ap.error(f"--threads must be >= 1, got {args.threads}")
-    if not is_loopback(args.host):
-        if not args.allow_remote:
-            ap.error(f"--host {args.host} is not loopback: the RPC protocol is unauthenticated and "
-                     "unencrypted; add --allow-remote on a trusted network")
-        print(WARNING.format(where=f"{args.host}:{args.port}"), file=sys.stderr, flush=True)
-    binary = server_binary()
-    cmd = [str(binary), "-H", args.host, "-p", str(args.port), "-t", str(args.threads)] + (["-c"] if args.cache else [])
-    print(f"specgguf: rpc-server listening on {args.host}:{args.port} ({args.threads} threads)", file=sys.stderr,
-          flush=True)
-    os.execv(binary, cmd)  # the worker takes this process over (same pid; signals reach it)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ is left. Temperature 0 means greedy and never reaches the warp.
 
 from __future__ import annotations
 
+import numbers
 import secrets
 from typing import Optional, Tuple
 
@@ -35,9 +36,15 @@ def warp(logits: np.ndarray, temperature: float, top_k: int = 40, top_p: float =
         ``[n, V]`` float32 probabilities, zero outside each row's kept set.
 
     Raises:
+        TypeError: a setting of the wrong type.
         ValueError: bad settings, or a row with NaN/+inf or no finite logit.
     """
-    return _core.warp(logits, temperature, top_k, top_p, min_p)
+    if not isinstance(top_k, numbers.Integral) or isinstance(top_k, bool):
+        raise TypeError(f"top_k must be an int, got {type(top_k).__name__}")
+    for name, value in (("temperature", temperature), ("top_p", top_p), ("min_p", min_p)):
+        if not isinstance(value, numbers.Real) or isinstance(value, bool):
+            raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    return _core.warp(logits, float(temperature), int(top_k), float(top_p), float(min_p))
 
 
 class Sampler:
