@@ -25,9 +25,10 @@ objs() {  # objs CXX OUTDIR ARCH FLAGS...
     if [ "$arch" = x86 ]; then
       case "$f" in
         *verify_avx2.cpp) extra=(-mavx2) ;;
-        *verify_avx512.cpp) extra=(-mavx512f -mavx2 -Wno-uninitialized -Wno-maybe-uninitialized) ;;
+        *verify_avx512.cpp) extra=(-mavx512f -mavx2 -Wno-uninitialized) ;;
       esac
     fi
+    case "$cxx" in g++|*-g++) extra+=(-Wno-maybe-uninitialized) ;; esac
     "$cxx" -std=c++17 -ffp-contract=off -fPIC -Icpp "$@" "${extra[@]}" -c "$f" -o "$out/$(basename "$f" .cpp).o"
   done
 }
@@ -42,6 +43,7 @@ PKG="$WORK/pkg/specgguf"
 rm -rf "$WORK/pkg" && mkdir -p "$PKG"
 cp src/specgguf/*.py src/specgguf/py.typed "$PKG/"
 PY=.venv/bin/python
+"$PY" -c "import pybind11" 2>/dev/null || "$PY" -m pip install -q pybind11
 EXT=$("$PY" -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
 INC=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['include'])")
 PYBIND=$("$PY" -c "import pybind11; print(pybind11.get_include())")
@@ -60,12 +62,14 @@ fi
 
 echo "== libFuzzer on the ops, ${FUZZ_SECONDS} s"
 CLANG=$(command -v clang++-14 || command -v clang++ || true)
-if [ -z "$CLANG" ] && command -v apt-get >/dev/null; then
-  apt-get install -y -qq --no-install-recommends clang-14 >/dev/null 2>&1 || true
+RT=$(ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a 2>/dev/null | head -1 || true)
+if { [ -z "$CLANG" ] || [ -z "$RT" ]; } && command -v apt-get >/dev/null; then
+  apt-get install -y -qq --no-install-recommends clang-14 libclang-rt-14-dev >/dev/null 2>&1 || true
   CLANG=$(command -v clang++-14 || true)
+  RT=$(ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a 2>/dev/null | head -1 || true)
 fi
-if [ -z "$CLANG" ]; then
-  echo "skipped: no clang (apt-get install clang-14)"
+if [ -z "$CLANG" ] || [ -z "$RT" ]; then
+  echo "skipped: no clang with libFuzzer (apt-get install clang-14 libclang-rt-14-dev)"
   exit 0
 fi
 FZ="-fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -g -O1"
