@@ -8,9 +8,14 @@ target, Q4_1 good draft, Q2_K poor draft); on a 2-core x86 CI machine the
 Every generation is paired with a target-only generation on the same prompt,
 run right before or after it ("base"); "ratio" is tokens/s over those, and
 "median" the median of the per-pair ratios. "ceiling" is Leviathan et al.'s
-expected speedup at this machine's forward costs (measured once at the start,
-as a round runs them: SpeculativeLlama.calibrate) and the run's own per-token
-acceptance, at the run's K (the best K for k=auto); "eff" = ratio / ceiling.
+expected speedup at the run's own per-token acceptance and this machine's
+forward costs as the same generations measured them: a draft token, the
+target's batch of K+1 and (from the paired runs) its single token, first
+rounds (which evaluate the prompt) left out; for k=auto, whose rounds mix
+sizes, the best K at the costs calibrated at the start (as a round runs
+them: SpeculativeLlama.calibrate) rescaled to the paired runs' single-token
+cost. "eff" = ratio / ceiling: how much of the formula's speedup survives
+everything it leaves out.
 The models' KV caches are emptied before each generation, so every one
 evaluates its prompt. State (costs, learned acceptance) lives in a temporary
 folder: the run starts as a new user would, with nothing stored.
@@ -60,6 +65,23 @@ def ceiling(costs: CostModel, a: float, k) -> float:
     return max(rate(kk, [a] * max(kk, 1), costs) for kk in ks) / rate(0, [a], costs)
 
 
+def steady(stats_list, key: str) -> float:
+    """Per round, first rounds (with the prompt) left out."""
+    total = sum(s[key] - (s["first_target_seconds"] if key == "target_seconds" else 0) for s in stats_list)
+    return total / max(1, sum(s["rounds"] - 1 for s in stats_list))
+
+
+def run_costs(res, bases, k, calibrated: CostModel) -> CostModel:
+    """The costs these generations measured (see the module docstring)."""
+    t1 = steady(bases, "target_seconds")
+    if k == "auto":
+        return CostModel(calibrated.draft * t1 / calibrated.target[0], [t * t1 / calibrated.target[0]
+                                                                       for t in calibrated.target], True)
+    draft = sum(s["draft_seconds"] for s in res) / max(1, sum(s["drafted"] for s in res))
+    target = [t1] + [t1] * (k - 1) + [steady(res, "target_seconds")]
+    return CostModel(draft, target, True)
+
+
 def run(spec, base, ids, n, reps, **kw):
     """Each generation paired with a target-only one on ``base`` (k=0, same
     settings; alternating which runs first)."""
@@ -81,7 +103,7 @@ def row(name, res, bases, ratios, costs, k):
     btot = sum(s["completion_tokens"] for s in bases) / sum(s["seconds"] for s in bases)
     tps = total["completion_tokens"] / total["seconds"]
     a = per_token_acceptance(res)
-    ceil = ceiling(costs, a, k) if k != 0 else 1.0
+    ceil = ceiling(run_costs(res, bases, k, costs), a, k) if k != 0 else 1.0
     pct = lambda key: 100 * total[key] / total["seconds"]  # noqa: E731
     khist = {}
     for s in res:

@@ -9,26 +9,9 @@
 # dispatch must fall back to scalar without an illegal instruction.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SRC="cpp/verify.cpp cpp/verify_avx2.cpp cpp/verify_avx512.cpp cpp/verify_neon.cpp cpp/warp.cpp"
 CXXFLAGS="-O3 -std=c++17 -ffp-contract=off -Icpp"
 
-# Objects of the kernels, each instruction-set file with its own flags as
-# CMakeLists.txt builds them (on aarch64 the x86 files compile to nothing):
-#   build_objs x86|arm CXX OUTDIR [extra flags...]
-build_objs() {
-  local arch=$1 cxx=$2 out=$3; shift 3
-  mkdir -p "$out"
-  for f in $SRC; do
-    local extra=()
-    if [ "$arch" = x86 ]; then
-      case "$f" in
-        *verify_avx2.cpp) extra=(-mavx2) ;;
-        *verify_avx512.cpp) extra=(-mavx512f -mavx2 -Wno-uninitialized -Wno-maybe-uninitialized) ;;
-      esac
-    fi
-    "$cxx" $CXXFLAGS "$@" "${extra[@]}" -c "$f" -o "$out/$(basename "$f" .cpp).o"
-  done
-}
+source scripts/kernel_objs.sh
 WORK=${SPECGGUF_ARM_WORK:-/tmp/specgguf-aarch64}
 SUITE=bookworm
 MIRROR=$(sed -n 's/^URIs: *//p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -1)
@@ -44,12 +27,12 @@ fi
 mkdir -p "$WORK"
 
 echo "== x86-64 without AVX2 (qemu -cpu Nehalem): scalar fallback"
-build_objs x86 g++ "$WORK/obj_x86"
+kernel_objs g++ "$WORK/obj_x86" x86 -O3
 g++ $CXXFLAGS cpp/test_kernels.cpp "$WORK"/obj_x86/*.o -o "$WORK/tk_x86"
 qemu-x86_64 -cpu Nehalem "$WORK/tk_x86" | tail -2
 
 echo "== aarch64 kernels (qemu -cpu cortex-a72): NEON vs scalar"
-build_objs arm aarch64-linux-gnu-g++ "$WORK/obj_arm" -fPIC
+kernel_objs aarch64-linux-gnu-g++ "$WORK/obj_arm" arm -O3
 aarch64-linux-gnu-g++ $CXXFLAGS -static cpp/test_kernels.cpp "$WORK"/obj_arm/*.o -o "$WORK/tk_arm"
 qemu-aarch64 -cpu cortex-a72 "$WORK/tk_arm" | tail -2
 

@@ -11,30 +11,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=${SPECGGUF_SAN_WORK:-/tmp/specgguf-sanitizers}
 FUZZ_SECONDS=${SPECGGUF_FUZZ_SECONDS:-60}
-SRC="cpp/verify.cpp cpp/verify_avx2.cpp cpp/verify_avx512.cpp cpp/verify_neon.cpp cpp/warp.cpp"
 SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g -O1"
 export ASAN_OPTIONS=halt_on_error=1:detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 mkdir -p "$WORK"
 
-# Objects with each instruction-set file's own flags (as CMakeLists.txt builds them).
-objs() {  # objs CXX OUTDIR ARCH FLAGS...
-  local cxx=$1 out=$2 arch=$3; shift 3
-  mkdir -p "$out"
-  for f in $SRC; do
-    local extra=()
-    if [ "$arch" = x86 ]; then
-      case "$f" in
-        *verify_avx2.cpp) extra=(-mavx2) ;;
-        *verify_avx512.cpp) extra=(-mavx512f -mavx2 -Wno-uninitialized) ;;
-      esac
-    fi
-    case "$cxx" in g++|*-g++) extra+=(-Wno-maybe-uninitialized) ;; esac
-    "$cxx" -std=c++17 -ffp-contract=off -fPIC -Icpp "$@" "${extra[@]}" -c "$f" -o "$out/$(basename "$f" .cpp).o"
-  done
-}
+source scripts/kernel_objs.sh
 
 echo "== ASan + UBSan: kernel test (x86-64)"
-objs g++ "$WORK/x86" x86 $SAN
+kernel_objs g++ "$WORK/x86" x86 $SAN
 g++ -std=c++17 -Icpp $SAN cpp/test_kernels.cpp "$WORK"/x86/*.o -o "$WORK/test_kernels"
 "$WORK/test_kernels" | tail -1
 
@@ -55,7 +39,7 @@ LD_PRELOAD="$(g++ -print-file-name=libasan.so):$(g++ -print-file-name=libubsan.s
 if command -v aarch64-linux-gnu-g++ >/dev/null && command -v qemu-aarch64 >/dev/null; then
   echo "== UBSan: kernel test on aarch64 (qemu -cpu cortex-a72)"
   UB="-fsanitize=undefined -fno-sanitize-recover=all -g -O1"
-  objs aarch64-linux-gnu-g++ "$WORK/arm" arm $UB
+  kernel_objs aarch64-linux-gnu-g++ "$WORK/arm" arm $UB
   aarch64-linux-gnu-g++ -std=c++17 -static -Icpp $UB cpp/test_kernels.cpp "$WORK"/arm/*.o -o "$WORK/test_kernels_arm"
   qemu-aarch64 -cpu cortex-a72 "$WORK/test_kernels_arm" | tail -1
 fi
@@ -64,7 +48,7 @@ echo "== libFuzzer on the ops, ${FUZZ_SECONDS} s"
 CLANG=$(command -v clang++-14 || command -v clang++ || true)
 RT=$(ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a 2>/dev/null | head -1 || true)
 if { [ -z "$CLANG" ] || [ -z "$RT" ]; } && command -v apt-get >/dev/null; then
-  apt-get install -y -qq --no-install-recommends clang-14 libclang-rt-14-dev >/dev/null 2>&1 || true
+  { apt-get update -qq && apt-get install -y -qq --no-install-recommends clang-14 libclang-rt-14-dev; } >/dev/null 2>&1 || true
   CLANG=$(command -v clang++-14 || true)
   RT=$(ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a 2>/dev/null | head -1 || true)
 fi
@@ -73,7 +57,7 @@ if [ -z "$CLANG" ] || [ -z "$RT" ]; then
   exit 0
 fi
 FZ="-fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -g -O1"
-objs "$CLANG" "$WORK/fuzz" x86 -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all -g -O1
+kernel_objs "$CLANG" "$WORK/fuzz" x86 -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all -g -O1
 "$CLANG" -std=c++17 -Icpp $FZ cpp/fuzz_ops.cpp "$WORK"/fuzz/*.o -o "$WORK/fuzz_ops"
 mkdir -p "$WORK/corpus"
 if ! "$WORK/fuzz_ops" -max_total_time="$FUZZ_SECONDS" -max_len=4096 -print_final_stats=1 "$WORK/corpus" \

@@ -38,7 +38,7 @@ def private_state(tmp_path_factory, monkeypatch):
 
 @pytest.fixture(params=specgguf.kernels())
 def kernel(request):
-    """Run a test once per kernel path this CPU can run (scalar, avx2/neon)."""
+    """Run a test once per kernel path this CPU can run (scalar, and avx2, avx512 or neon)."""
     before = specgguf.get_kernel()
     specgguf.set_kernel(request.param)
     yield request.param

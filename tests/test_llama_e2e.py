@@ -326,3 +326,18 @@ def test_sampled_evidence_and_priors_stay_in_their_regime(target, draft):
     assert s.learning.state.evidence("greedy") is not None
     assert s.learning.state.evidence(cfg(temperature=0.8).regime) is None  # greedy runs write greedy evidence only
     assert s.learning.policy(cfg()) is not s.learning.policy(cfg(temperature=0.8))
+
+
+def test_generate_keeps_the_loaded_pair_between_calls():
+    """generate() loads a pair once per process: a second call with the same
+    models reuses it (no reload, no second scan of the vocabulary)."""
+    from specgguf import api
+    kw = dict(target="smollm2-135m-f32", draft="smollm2-135m-q4_1", n_ctx=256, n_threads=2, max_tokens=4)
+    a = specgguf.generate("The sea", **kw)
+    first = next(iter(api._cached.values()))
+    b = specgguf.generate("The sea", **kw)
+    assert next(iter(api._cached.values())) is first and a.tokens == b.tokens
+    specgguf.generate("The sea", **dict(kw, n_ctx=512))  # other load settings: another pair
+    assert next(iter(api._cached.values())) is not first
+    with pytest.raises(ValueError, match="temperature"):
+        specgguf.generate("x", target="does-not-matter", draft="x", temperature=-2)  # checked before loading

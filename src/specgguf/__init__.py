@@ -32,7 +32,9 @@ __all__ = sorted(_WHERE)
 
 def __getattr__(name: str):
     if name in _WHERE:
-        return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+        value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+        globals()[name] = value  # found once: later lookups are plain attribute reads
+        return value
     raise AttributeError(f"module 'specgguf' has no attribute {name!r}")
 
 

@@ -123,20 +123,13 @@ class SpeculativeLlama(CompletionMethods):
         with self.guard:
             if not pair.owns:
                 pair.reset()  # the Llama objects may have been used on their own since
+            t0, before = time.perf_counter(), pair.timers()
             sampler = Sampler.from_config(config, origin=len(ids))
             pair.use(sampler)
-            policy = self.learning.policy(config)
-            if policy is not None and policy.acceptance.knows_nothing():
-                # Nothing known of this draft yet: measure it on the prompt, on
-                # the way in, instead of probing blind (a probe into a poor
-                # draft costs its whole catch-up and teaches three tokens).
-                agreement = pair.prompt_agreement(ids, sampler)
-                if agreement is not None:
-                    policy.acceptance.add_prior(agreement)
+            policy = self.learning.policy(config, measure=lambda: pair.prompt_agreement(ids, sampler))
             dec = SpeculativeDecoder(pair.drafter, pair.target, k=policy or config.k, sampler=sampler,
-                                     p_min=config.p_min)
+                                     p_min=config.p_min, plain_first=True)  # the first token at once
             out = TextStream(lambda t: pair.target_llm.detokenize([t], special=False), config.stop, pair.eog)
-            t0, before = time.perf_counter(), pair.timers()
             produced: List[int] = []
             budget = min(config.max_tokens, self.n_ctx - len(ids))
             yield from self._decode(dec, ids, budget, out, should_stop, produced)

@@ -55,6 +55,7 @@ class DecoderStats:
     stop_reasons: Dict[str, int] = field(default_factory=dict)
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
+    first_target_seconds: float = 0.0  # the first round's, which also evaluates the prompt
     verify_seconds: float = 0.0
 
     @property
@@ -100,7 +101,7 @@ class DecoderStats:
             "accepted_hist": list(self.accepted_hist), "position_acceptance": self.position_acceptance,
             "k_hist": dict(sorted(self.k_hist.items())), "stop_reasons": dict(self.stop_reasons),
             "draft_seconds": self.draft_seconds, "target_seconds": self.target_seconds,
-            "verify_seconds": self.verify_seconds,
+            "first_target_seconds": self.first_target_seconds, "verify_seconds": self.verify_seconds,
         }
 
 
@@ -129,13 +130,17 @@ class SpeculativeDecoder:
             by the policy; needs ``k="auto"`` or a policy).
         sampler: a :class:`~specgguf.sampling.Sampler` (its rule replaces
             ``greedy`` and ``generator``; the drafter-invariant race needs one).
+        plain_first: decode the first round without drafting, so the first
+            token comes as soon as the target has read the prompt (the draft
+            catches up on it in the second round).
 
     After a call, ``stats`` holds that call's :class:`DecoderStats`.
     """
 
     def __init__(self, drafter: Union[Drafter, Callable[..., tuple]], target_step: TargetStep,
                  k: Union[int, str, DraftPolicy] = 4, greedy: bool = True, generator: GeneratorLike = None,
-                 p_min: Union[None, float, str] = None, sampler: Optional[Sampler] = None) -> None:
+                 p_min: Union[None, float, str] = None, sampler: Optional[Sampler] = None,
+                 plain_first: bool = False) -> None:
         if not callable(target_step):
             raise TypeError("target_step must be callable")
         self.drafter = drafter if isinstance(drafter, Drafter) else CallbackDrafter(drafter)
@@ -156,6 +161,7 @@ class SpeculativeDecoder:
         if p_min is not None and p_min != "auto" and not 0.0 <= float(p_min) <= 1.0:
             raise ValueError(f"p_min must be None, 'auto' or in [0, 1], got {p_min!r}")
         self.p_min = p_min
+        self.plain_first = plain_first
         self.stats = DecoderStats()
 
     def generate(self, prompt_ids: Sequence[int], max_new: int = 128,
@@ -181,7 +187,10 @@ class SpeculativeDecoder:
         stats, policy = self.stats, self.policy
         while stats.emitted < max_new:
             remaining = max_new - stats.emitted
-            want = policy.choose(remaining, self.drafter.lag(prefix)) if policy else self.k
+            if self.plain_first and stats.rounds == 0:
+                want = 0
+            else:
+                want = policy.choose(remaining, self.drafter.lag(prefix)) if policy else self.k
             k = min(want, remaining - 1)  # a round emits up to k + 1: never past max_new
             t0 = time.perf_counter()
             draft = self._draft(prefix, k)
@@ -192,6 +201,8 @@ class SpeculativeDecoder:
             n, nxt = self.sampler.verify(target, draft, stats.emitted)
             stats.draft_seconds += t1 - t0
             stats.target_seconds += t2 - t1
+            if stats.rounds == 0:
+                stats.first_target_seconds = t2 - t1
             stats.verify_seconds += time.perf_counter() - t2
             stop = None if k == 0 else ("max_new" if k < want and draft.stop == "max" else draft.stop)
             stats.record(len(draft.tokens), n, stop)

@@ -15,7 +15,7 @@ other run refines its costs from its own timed forwards.
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional
 
 from .config import GenerationConfig
 from .policy import CostModel, DraftPolicy, merge_evidence
@@ -62,19 +62,29 @@ class Learning:
         same = all(abs(getattr(config, k) - v) < 1e-9 for k, v in SAMPLED_PRIOR.items())
         return self.measured.get("sampled") if same and config.verification == "exact" else None
 
-    def policy(self, config: GenerationConfig) -> Optional[DraftPolicy]:
-        """The policy for a k="auto" run with ``config`` (None for a fixed k)."""
+    def policy(self, config: GenerationConfig,
+               measure: Optional[Callable[[], Optional[float]]] = None) -> Optional[DraftPolicy]:
+        """The policy for a k="auto" run with ``config`` (None for a fixed k).
+
+        ``measure()``: the draft's acceptance on this run's prompt (or None),
+        asked for only when nothing is known of the draft: better than probing
+        blind, where a probe into a poor draft pays the draft's whole catch-up
+        to learn three tokens."""
         if config.k != "auto":
             return None
         frozen = config.verification == "exact" and config.seed is not None
         regime = config.regime
-        if not frozen and regime in self.policies and self.policies[regime].p_min_setting == config.p_min:
-            return self.policies[regime]
-        policy = DraftPolicy(K_MAX, self._costs(), online_costs=not frozen, p_min=config.p_min,
-                             prior=self.prior(config))
-        policy.acceptance.add_before(self.state.evidence(regime))
-        if not frozen:
-            self.policies[regime] = policy
+        policy = self.policies.get(regime)
+        if frozen or policy is None or policy.p_min_setting != config.p_min:
+            policy = DraftPolicy(K_MAX, self._costs(), online_costs=not frozen, p_min=config.p_min,
+                                 prior=self.prior(config))
+            policy.acceptance.add_before(self.state.evidence(regime))
+            if not frozen:
+                self.policies[regime] = policy
+        if measure is not None and policy.acceptance.knows_nothing():
+            agreement = measure()
+            if agreement is not None:
+                policy.acceptance.add_prior(agreement)
         return policy
 
     def finish(self, policy: Optional[DraftPolicy], config: GenerationConfig) -> None:

@@ -11,7 +11,7 @@ the output and that specgguf does not implement are refused by name
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, List, Optional, Union
 
 from .config import GenerationConfig
 from .text import check_messages
@@ -58,7 +58,7 @@ class Call:
     include_usage: bool = False  # stream_options.include_usage: a last chunk with usage
     echo: bool = False
     model: Optional[str] = None
-    extra: Dict[str, Any] = field(default_factory=dict)
+    ids: List[int] = field(default_factory=list)  # the prompt's tokens, once the server has them
 
 
 def _empty(value: Any) -> bool:

@@ -92,16 +92,17 @@ class Server:
         if cancel.is_set() or self.stopping.is_set():
             return iter(())
         stop = lambda: cancel.is_set() or self.stopping.is_set()  # noqa: E731
-        return self.llm.run(call.prompt, chat=call.kind == "chat", config=call.config, should_stop=stop)
+        return self.llm.run(call.ids, config=call.config, should_stop=stop)
 
     def check(self, call: Call) -> None:
-        """Errors a call must get before it is admitted (a prompt too long for the context)."""
+        """Tokenize the call's prompt (once: ``call.ids``), with the errors a
+        call must get before it is admitted (a prompt too long for the context)."""
         try:
-            ids = self.llm.tokenize(call.prompt, chat=call.kind == "chat")
+            call.ids = self.llm.tokenize(call.prompt, chat=call.kind == "chat")
         except (TypeError, ValueError) as e:
             raise BadRequest(str(e), "messages" if call.kind == "chat" else "prompt") from None
-        if len(ids) >= self.llm.n_ctx:
-            raise BadRequest(f"the prompt has {len(ids)} tokens; the context window is {self.llm.n_ctx}",
+        if len(call.ids) >= self.llm.n_ctx:
+            raise BadRequest(f"the prompt has {len(call.ids)} tokens; the context window is {self.llm.n_ctx}",
                              "messages" if call.kind == "chat" else "prompt", "context_length_exceeded")
 
 
@@ -123,71 +124,87 @@ async def _watch_disconnect(request, cancel: threading.Event, gone: threading.Ev
     cancel.set()
 
 
+def _error(e: BadRequest):
+    from starlette.responses import JSONResponse
+    headers = {"Retry-After": "2"} if e.status == 503 else None
+    return JSONResponse(e.body(), status_code=e.status, headers=headers)
+
+
+async def _health(request):
+    from starlette.responses import JSONResponse
+    server = request.app.state.server
+    return JSONResponse({"status": "ok", "model": server.model_id, "busy": server.pending})
+
+
+async def _models(request):
+    from starlette.responses import JSONResponse
+    server = request.app.state.server
+    return JSONResponse({"object": "list", "data": [{"id": server.model_id, "object": "model",
+                                                     "created": server.created, "owned_by": "specgguf"}]})
+
+
+async def _generate(request, kind: str):
+    """A completion or chat request: parsed and checked here, then generated
+    in the worker pool, streamed or whole."""
+    from starlette.responses import StreamingResponse
+    server, t0 = request.app.state.server, time.perf_counter()
+    try:
+        try:
+            data = json.loads(await request.body())
+        except (ValueError, UnicodeDecodeError):
+            raise BadRequest("the request body is not valid JSON") from None
+        call = parse(data, kind, server.llm.defaults)
+        # Tokenizing is read-only and quick: not in the generation pool, whose threads may all be busy.
+        await asyncio.get_running_loop().run_in_executor(None, server.check, call)
+        server.enter()
+    except BadRequest as e:
+        server.log(e.status, request.url.path, None, None, time.perf_counter() - t0)
+        return _error(e)
+    shapes = Shapes("chatcmpl" if kind == "chat" else "cmpl", call.model or server.model_id)
+    if call.stream:
+        return StreamingResponse(_stream(server, request, call, shapes, t0), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return await _respond(server, request, call, shapes, t0)
+
+
+async def _completions(request):
+    return await _generate(request, "completions")
+
+
+async def _chat(request):
+    return await _generate(request, "chat")
+
+
+async def _on_http_error(request, exc):
+    from starlette.responses import JSONResponse
+    kind = "not_found" if exc.status_code == 404 else "invalid_request_error"
+    return JSONResponse(error_body(f"{request.method} {request.url.path}: {exc.detail}", kind),
+                        status_code=exc.status_code)
+
+
+async def _on_error(request, exc: Exception):
+    from starlette.responses import JSONResponse
+    print(f"specgguf: 500 {request.url.path}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+    return JSONResponse(error_body(f"internal error: {type(exc).__name__}: {exc}", "server_error"), status_code=500)
+
+
 def create_app(server: Server):
-    """The Starlette application over ``server``."""
+    """The Starlette application over ``server`` (every route behind the API key when set)."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
-    from starlette.responses import JSONResponse, StreamingResponse
     from starlette.routing import Route
 
-    def error(e: BadRequest) -> JSONResponse:
-        headers = {"Retry-After": "2"} if e.status == 503 else None
-        return JSONResponse(e.body(), status_code=e.status, headers=headers)
-
-    async def health(request):
-        return JSONResponse({"status": "ok", "model": server.model_id, "busy": server.pending})
-
-    async def list_models(request):
-        return JSONResponse({"object": "list", "data": [{"id": server.model_id, "object": "model",
-                                                         "created": server.created, "owned_by": "specgguf"}]})
-
-    async def generate(request, kind: str):
-        t0 = time.perf_counter()
-        try:
-            body = await request.body()
-            try:
-                data = json.loads(body)
-            except (ValueError, UnicodeDecodeError):
-                raise BadRequest("the request body is not valid JSON") from None
-            call = parse(data, kind, server.llm.defaults)
-            # Tokenizing is read-only and quick: not in the generation pool, whose threads may all be busy.
-            await asyncio.get_running_loop().run_in_executor(None, server.check, call)
-            server.enter()
-        except BadRequest as e:
-            server.log(e.status, request.url.path, None, None, time.perf_counter() - t0)
-            return error(e)
-        shapes = Shapes("chatcmpl" if kind == "chat" else "cmpl", call.model or server.model_id)
-        if call.stream:
-            return StreamingResponse(_stream(server, request, call, shapes, t0), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return await _respond(server, request, call, shapes, t0)
-
-    async def completions(request):
-        return await generate(request, "completions")
-
-    async def chat(request):
-        return await generate(request, "chat")
-
-    async def on_http_error(request, exc: HTTPException):
-        kind = "not_found" if exc.status_code == 404 else "invalid_request_error"
-        return JSONResponse(error_body(f"{request.method} {request.url.path}: {exc.detail}", kind),
-                            status_code=exc.status_code)
-
-    async def on_error(request, exc: Exception):
-        print(f"specgguf: 500 {request.url.path}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-        return JSONResponse(error_body(f"internal error: {type(exc).__name__}: {exc}", "server_error"),
-                            status_code=500)
-
-    routes = [Route("/health", health), Route("/v1/models", list_models),
-              Route("/v1/completions", completions, methods=["POST"]),
-              Route("/v1/chat/completions", chat, methods=["POST"])]
     @contextlib.asynccontextmanager
     async def lifespan(app):
         yield
         server.stopping.set()  # running generations end within a round
 
-    app = Starlette(routes=routes, exception_handlers={HTTPException: on_http_error, Exception: on_error},
+    routes = [Route("/health", _health), Route("/v1/models", _models),
+              Route("/v1/completions", _completions, methods=["POST"]),
+              Route("/v1/chat/completions", _chat, methods=["POST"])]
+    app = Starlette(routes=routes, exception_handlers={HTTPException: _on_http_error, Exception: _on_error},
                     lifespan=lifespan)
+    app.state.server = server
     return _Auth(app, server)
 
 
