@@ -15,10 +15,18 @@ import specgguf
 ALPHA = 1e-3  # significance of the chi-square tests (each at a fixed seed)
 
 
+def _snapshot(root):
+    return {(str(p), p.stat().st_mtime_ns) for p in root.rglob("*")} if root.exists() else set()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def session_state(tmp_path_factory):
-    """State of session-wide fixtures (model loading) in a temporary folder."""
+    """State of session-wide fixtures (model loading) in a temporary folder;
+    and a check, at the end, that the user's own state folder is untouched."""
     import os
+    from specgguf.state import state_dir
+    users = state_dir()
+    seen = _snapshot(users)
     before = os.environ.get("SPECGGUF_STATE")
     os.environ["SPECGGUF_STATE"] = str(tmp_path_factory.mktemp("session-state"))
     yield
@@ -26,6 +34,8 @@ def session_state(tmp_path_factory):
         os.environ.pop("SPECGGUF_STATE", None)
     else:
         os.environ["SPECGGUF_STATE"] = before
+    changed = _snapshot(users) ^ seen
+    assert not changed, f"the test suite wrote the user's state folder {users}: {sorted(changed)[:5]}"
 
 
 @pytest.fixture(autouse=True)

@@ -14,11 +14,15 @@ pytest.importorskip("llama_cpp")
 from tests.conftest import PROMPTS  # noqa: E402
 
 CLI = [sys.executable, "-m", "specgguf"]
-ENV = dict(os.environ, PYTHONUNBUFFERED="1")
+
+
+def env():
+    """The environment at call time: the fixtures' private state folder included."""
+    return dict(os.environ, PYTHONUNBUFFERED="1")
 
 
 def cli(*args, **kw):
-    return subprocess.run(CLI + list(args), capture_output=True, text=True, env=dict(ENV, **kw.pop("env", {})),
+    return subprocess.run(CLI + list(args), capture_output=True, text=True, env=dict(env(), **kw.pop("env", {})),
                           timeout=kw.pop("timeout", 300), **kw)
 
 
@@ -76,20 +80,20 @@ def test_non_utf8_prompt_file_is_decoded_with_a_warning(tmp_path):
     assert r.returncode == 0, r.stderr
     assert f"{f} is not valid UTF-8 (first bad byte at offset 3)" in r.stderr
     r = subprocess.run(CLI + ["-n", "4", "--threads", "2"], input=b"\xff\xfe hello", capture_output=True,
-                       env=ENV, timeout=300)
+                       env=env(), timeout=300)
     assert r.returncode == 0 and b"stdin is not valid UTF-8 (first bad byte at offset 0)" in r.stderr
 
 
 def test_streaming_into_a_closed_pipe_ends_quietly():
     p = subprocess.Popen(" ".join(CLI) + " --chat -p 'Write a long story.' -n 200 --threads 2 | head -c 20",
                          shell=True, executable="/bin/bash", stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         env=ENV)
+                         env=env())
     out, err = p.communicate(timeout=300)
     assert len(out) == 20
     assert b"Broken pipe" not in err and b"Traceback" not in err, err
     r = subprocess.run(" ".join(CLI) + " --chat -p 'Write a long story.' -n 200 --threads 2 | head -c 20; "
                        "echo \" ${PIPESTATUS[0]}\"", shell=True, executable="/bin/bash", capture_output=True,
-                       env=ENV, timeout=300)
+                       env=env(), timeout=300)
     assert r.stdout.split()[-1] == b"141"  # as a Unix tool killed by SIGPIPE
 
 
@@ -98,7 +102,7 @@ def test_ctrl_c_exits_130_at_any_moment(delay):
     """While Python starts, while models load (where a KeyboardInterrupt raised
     in a ctypes callback used to be swallowed), and while generating."""
     p = subprocess.Popen(CLI + ["-p", "Once upon a time", "-n", "400", "--threads", "2"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env())
     time.sleep(delay)
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=60)
