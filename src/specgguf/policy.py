@@ -97,6 +97,10 @@ class CostTracker:
         self.online = online
         self.samples: Dict[object, int] = {}  # live samples per cost entry
 
+    def knows_plain(self) -> bool:
+        """Whether T(1) was measured: stored or calibrated costs, or a plain round timed here."""
+        return self.start.seconds or self.samples.get(1, 0) > 0
+
     def _blend(self, key: object, old: float, new: float) -> float:
         # A running mean over the first samples (the starting value counts as
         # one), then an EMA: shared machines are noisy.
@@ -425,8 +429,11 @@ class DraftPolicy:
             self.probe_every = self.probe_base
             self.rounds_since_plain += 1
             # Plain decoding is only timed in plain rounds; a stale, slow
-            # estimate of it would keep the policy drafting.
-            if self.tracker.online and self.rounds_since_plain >= self.BASELINE_EVERY:
+            # estimate of it would keep the policy drafting. Until one plain
+            # round has been timed (the first round, which reads the prompt,
+            # is not), its cost is a guess: time one early.
+            every = self.BASELINE_EVERY if self.tracker.knows_plain() else 2
+            if self.tracker.online and self.rounds_since_plain >= every:
                 k = 0
         if k == 0:
             self.rounds_since_plain = 0

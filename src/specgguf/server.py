@@ -285,14 +285,22 @@ async def _stream(server: Server, request, call: Call, shapes: Shapes, t0: float
     put = lambda item: loop.call_soon_threadsafe(queue.put_nowait, item)  # noqa: E731
     producer = loop.run_in_executor(server.pool, _produce, server, call, shapes, relay, put, cancel)
     watcher = asyncio.create_task(_watch_disconnect(request, cancel, gone))
-    finished, sent = False, 0
+    finished, sent, items = False, 0, [None]
     try:
-        while (item := await queue.get()) is not _END and not gone.is_set():
-            if isinstance(item, Exception):
-                yield _sse(error_body(f"{type(item).__name__}: {item}", "server_error"))
+        while items[-1] is not _END and not gone.is_set():
+            # All a round produced at once, in one write: a wake-up and a send
+            # per token would take CPU from the generation on a small board.
+            items = [await queue.get()]
+            while items[-1] is not _END and not queue.empty():
+                items.append(queue.get_nowait())
+            events = [i for i in items if i is not _END]
+            failed = next((i for i in events if isinstance(i, Exception)), None)
+            if failed is not None:
+                yield _sse(error_body(f"{type(failed).__name__}: {failed}", "server_error"))
                 break
-            yield _sse(item)
-            sent += 1
+            if events:
+                yield b"".join(_sse(i) for i in events)
+                sent += len(events)
         if call.include_usage and relay.result is not None:
             yield _sse({**shapes.head("chat.completion.chunk" if call.kind == "chat" else "text_completion"),
                         "choices": [], "usage": shapes.usage(relay.result.stats)})
