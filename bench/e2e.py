@@ -125,6 +125,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=2, help="run each prompt this many times")
     ap.add_argument("--quick", action="store_true", help="one prompt, fewer configurations")
+    ap.add_argument("--drafts", default="good,poor", help="which drafts' rows to run (good,poor)")
     args = ap.parse_args()
     os.environ["SPECGGUF_STATE"] = tempfile.mkdtemp(prefix="specgguf-bench-state-")
     tname, good = models.default_pair()
@@ -156,7 +157,7 @@ def main():
     for temp in (0.0, 0.8):
         print(f"\n-- temperature {temp}" + (" (top-k 40, top-p 0.95, min-p 0.05)" if temp else " (greedy)"))
         print(HEADER)
-        for which in ("good", "poor"):
+        for which in args.drafts.split(","):
             for k in ks:
                 extra = {} if temp == 0 else {"drafter_invariant": False}
                 label = f"{which} k={k}" + (" p/q" if temp else "")

@@ -56,4 +56,4 @@ LD_LIBRARY_PATH="$ROOT/usr/lib/aarch64-linux-gnu/blas:$ROOT/usr/lib/aarch64-linu
 PYTHONPATH="$WORK/pkg" \
   qemu-aarch64 -cpu cortex-a72 "$ROOT/usr/bin/python3" -m pytest -q -p no:cacheprovider \
   tests/test_verify_exact.py tests/test_verify_errors.py tests/test_verify_law.py tests/test_decoder.py \
-  tests/test_sampling.py tests/test_policy.py tests/test_ngram.py tests/test_config.py
+  tests/test_sampling.py tests/test_policy.py tests/test_ngram.py tests/test_config.py tests/test_invariant.py

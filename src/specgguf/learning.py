@@ -63,13 +63,14 @@ class Learning:
         return self.measured.get("sampled") if same and config.verification == "exact" else None
 
     def policy(self, config: GenerationConfig,
-               measure: Optional[Callable[[], Optional[float]]] = None) -> Optional[DraftPolicy]:
+               measure: Optional[Callable[[], Optional[tuple]]] = None) -> Optional[DraftPolicy]:
         """The policy for a k="auto" run with ``config`` (None for a fixed k).
 
-        ``measure()``: the draft's acceptance on this run's prompt (or None),
-        asked for only when nothing is known of the draft: better than probing
-        blind, where a probe into a poor draft pays the draft's whole catch-up
-        to learn three tokens."""
+        ``measure()``: ``(the draft's acceptance on this run's prompt,
+        positions measured)`` or None, asked for only when nothing is known of
+        the draft: better than probing blind, where a probe into a poor draft
+        pays the draft's whole catch-up to learn three tokens. It counts as
+        one observation per position measured."""
         if config.k != "auto":
             return None
         frozen = config.verification == "exact" and config.seed is not None
@@ -82,9 +83,9 @@ class Learning:
             if not frozen:
                 self.policies[regime] = policy
         if measure is not None and policy.acceptance.knows_nothing():
-            agreement = measure()
-            if agreement is not None:
-                policy.acceptance.add_prior(agreement)
+            measured = measure()
+            if measured is not None:
+                policy.acceptance.add_prior(measured[0], float(measured[1]))
         return policy
 
     def finish(self, policy: Optional[DraftPolicy], config: GenerationConfig) -> None:

@@ -77,23 +77,24 @@ class ModelDrafter:
 
 
 def prompt_agreement(target: LlamaModel, draft: LlamaModel, ids: Sequence[int], sampler: Sampler,
-                     m: int = 32) -> Optional[float]:
+                     m: int = 32) -> Optional[tuple]:
     """The draft's acceptance on the prompt itself, measured on the way into
     a first generation: both models score the prompt's last ``m`` positions
     (the target evaluates the prompt anyway; the draft catches up on it, as it
     would before its first proposal), and the rows are compared as the
     sampler's rule would: argmax agreement (greedy), sum(min(p, q)) (exact),
-    or the race's lower bound s / (2 - s) (drafter-invariant). None for a
-    prompt too short to say. The last prompt token is left to the first
-    round, so the target does no work twice."""
+    or the race's lower bound s / (2 - s) (drafter-invariant). Returns
+    ``(acceptance, positions measured)``; None for a prompt too short to say.
+    The last prompt token is left to the first round, so the target does no
+    work twice."""
     n = min(m, len(ids) - 2)
     if n < 4:
         return None
     t_rows, d_rows = target.eval(ids[:-1], n), draft.eval(ids[:-1], n)
     if sampler.greedy:
-        return float(np.mean(np.argmax(t_rows, axis=1) == np.argmax(d_rows, axis=1)))
+        return float(np.mean(np.argmax(t_rows, axis=1) == np.argmax(d_rows, axis=1))), n
     overlap = np.minimum(sampler.warp(t_rows), sampler.warp(d_rows)).sum(axis=1, dtype=np.float64)
-    return float(np.mean(overlap if sampler.rule == "exact" else overlap / (2.0 - overlap)))
+    return float(np.mean(overlap if sampler.rule == "exact" else overlap / (2.0 - overlap))), n
 
 
 CALIBRATION_TEXT = "Write a short essay about the history of the printing press.\n\n"

@@ -112,9 +112,9 @@ class ModelPair:
         if self.draft_model is not None:
             self.draft_model.sampler = sampler
 
-    def prompt_agreement(self, ids: List[int], sampler: Sampler) -> Optional[float]:
-        """The draft's acceptance on this prompt (see llama_adapter.prompt_agreement);
-        None without a draft model or for a short prompt."""
+    def prompt_agreement(self, ids: List[int], sampler: Sampler) -> Optional[tuple]:
+        """``(the draft's acceptance on this prompt, positions measured)`` (see
+        llama_adapter.prompt_agreement); None without a draft model or for a short prompt."""
         if self.draft_model is None:
             return None
         return prompt_agreement(self.target.model, self.draft_model.model, ids, sampler)

@@ -343,7 +343,8 @@ class DraftPolicy:
     PROBE_K = 3           # drafts per probe: the catch-up dominates its cost, so learn more
     BASELINE_EVERY = 32   # online: one plain round this often while drafting, to re-time it
     DRAFT_MARGIN = 1.05   # draft only when it is expected to beat plain decoding by this
-    PROBE_MARGIN = 1.05   # probes run only if the draft could beat plain decoding by this
+    PROBE_MARGIN = 1.10   # probes run only if the draft could beat plain decoding by this: a probe
+                          # pays the draft's whole catch-up, so marginal hopes are not worth one
 
     def __init__(self, k_max: int = 8, costs: Optional[CostModel] = None, *, online_costs: bool = False,
                  decay: float = 0.95, probe_every: int = 16, p_min=None,
