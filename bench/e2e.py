@@ -75,8 +75,7 @@ def run_costs(res, bases, k, calibrated: CostModel) -> CostModel:
     """The costs these generations measured (see the module docstring)."""
     t1 = steady(bases, "target_seconds")
     if k == "auto":
-        return CostModel(calibrated.draft * t1 / calibrated.target[0], [t * t1 / calibrated.target[0]
-                                                                       for t in calibrated.target], True)
+        return calibrated.scaled(t1 / calibrated.target[0])
     draft = sum(s["draft_seconds"] for s in res) / max(1, sum(s["drafted"] for s in res))
     target = [t1] + [t1] * (k - 1) + [steady(res, "target_seconds")]
     return CostModel(draft, target, True)
@@ -144,7 +143,8 @@ def main():
         costs[which] = CostModel.from_dict(cal["costs"])
         c, a = costs[which], cal["acceptance"]
         print(f"{which} draft, measured as a round runs them: target T(1..9) "
-              f"{' '.join(f'{t * 1e3:.1f}' for t in c.target)} ms, draft {c.draft * 1e3:.1f} ms/token "
+              f"{' '.join(f'{t * 1e3:.1f}' for t in c.target)} ms, draft: a round's first token "
+              f"{c.draft_cost(1) * 1e3:.1f} ms, then {c.draft * 1e3:.1f} ms/token "
               f"(catch-up {c.draft_prefill * 1e3:.1f} ms/token); acceptance on a fixed text {a['greedy']:.2f} "
               f"greedy, {a['sampled']:.2f} sampled at 0.8; ceiling at acceptance 1: {ceiling(c, 1.0, 'auto'):.2f}x")
     # What the runs below learn starts from nothing: forget the calibration just made.

@@ -113,6 +113,40 @@ def test_online_costs_rescale_relative_defaults():
     assert frozen.costs == CostModel()  # seeded runs ignore the clock
 
 
+def test_a_rounds_first_draft_token_is_costed_apart():
+    # Measured in k=1 runs: the first draft forward of a round (cold weights
+    # after the target's forward, two tokens after a full accept) took about
+    # twice a warm one. One cost per token called K = 1 a win here; it is not.
+    one_cost = CostModel(draft=0.3, target=[1.0, 1.2, 1.4, 1.6, 1.8])
+    two_costs = CostModel(draft=0.3, target=list(one_cost.target), draft_first=0.6)
+    assert two_costs.draft_cost(0) == 0.0 and two_costs.draft_cost(3) == pytest.approx(1.2)
+    assert one_cost.draft_cost(3) == pytest.approx(0.9)
+    assert DraftPolicy(1, one_cost).best_k([0.8]) == 1  # 1.8 tokens for 1.5
+    assert DraftPolicy(1, two_costs).best_k([0.8]) == 0  # 1.8 tokens for 1.8
+    assert CostModel.from_dict(two_costs.to_dict()) == two_costs
+    assert two_costs.scaled(2.0).draft_first == pytest.approx(1.2)
+
+
+def test_online_costs_learn_the_first_draft_forward_apart_from_the_rest():
+    policy = DraftPolicy(4, CostModel(draft=0.010, target=[0.040] * 5, seconds=True), online_costs=True)
+    policy.update(0, 0, draft_cost=0.0, target_cost=0.040)  # a plain round: the draft now lags
+    for _ in range(60):  # drafting rounds of 4: first forward 20 ms, the next three 10 ms each
+        policy.choose()
+        policy.update(4, 4, draft_cost=0.050, target_cost=0.060, first_cost=0.020)
+    assert policy.costs.draft_first == pytest.approx(0.020, rel=0.02)
+    assert policy.costs.draft == pytest.approx(0.010, rel=0.02)
+    # After a plain round the first forward is a catch-up: not a round's usual
+    # first forward, but the warm ones after it still count.
+    policy.update(0, 0, draft_cost=0.0, target_cost=0.040)
+    policy.update(4, 4, draft_cost=0.530, target_cost=0.060, first_cost=0.500)
+    assert policy.costs.draft_first == pytest.approx(0.020, rel=0.02)
+    assert policy.costs.draft == pytest.approx(0.010, rel=0.02)
+    # A drafter that does not time its forwards: one cost per token, as before.
+    policy.update(4, 4, draft_cost=0.080, target_cost=0.060)
+    assert policy.costs.draft_first is None and policy.costs.draft_cost(4) == pytest.approx(
+        4 * policy.costs.draft)
+
+
 def test_cost_model_from_dict_defaults_to_the_dataclass():
     # A record without "seconds" is read as the dataclass says (relative), not as seconds.
     assert CostModel.from_dict({"draft": 0.4, "target": [1.0, 1.2]}).seconds is False

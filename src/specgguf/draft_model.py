@@ -45,9 +45,9 @@ class _Round:
     """What the last call proposed, to read the next call's input against."""
 
     def __init__(self, context: List[int], tokens: List[int], confidence: List[float],
-                 draft_seconds: float, ended: float) -> None:
+                 draft_seconds: float, ended: float, first_seconds: Optional[float] = None) -> None:
         self.context, self.tokens, self.confidence = context, tokens, confidence
-        self.draft_seconds, self.ended = draft_seconds, ended
+        self.draft_seconds, self.ended, self.first_seconds = draft_seconds, ended, first_seconds
 
     def accepted(self, ids: List[int]) -> Optional[int]:
         """How many proposals ``ids`` kept, or None if ``ids`` is not this
@@ -129,7 +129,7 @@ class DraftModel(LlamaDraftModel):
             spent = time.perf_counter() - t0
             self._count(k, tokens, spent)
             self.last = _Round(ids, tokens, list(draft.confidence or []) if draft else [], spent,
-                               time.perf_counter())
+                               time.perf_counter(), draft.first_seconds if draft else None)
             return np.array(tokens, dtype=np.intc)
 
     def _learn(self, ids: List[int]) -> None:
@@ -140,7 +140,7 @@ class DraftModel(LlamaDraftModel):
         self._stats["accepted"] += a
         if self.policy is not None:  # the time Llama took since: its batched forward over 1 + drafted
             self.policy.update(len(last.tokens), a, last.confidence, last.draft_seconds or None,
-                               time.perf_counter() - last.ended)
+                               time.perf_counter() - last.ended, last.first_seconds)
 
     def _choose(self, ids: List[int]) -> int:
         if self.policy is None:

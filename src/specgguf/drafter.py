@@ -35,6 +35,9 @@ class Draft:
             draft's confidence fell below p_min) or ``"end"`` (nothing more
             to propose).
         confidence: the draft's probability of each proposed token, or None.
+        first_seconds: how long the first forward took (catch-up included),
+            for drafters that time it; the policy costs a round's first
+            draft token apart from the rest (see :mod:`specgguf.policy`).
     """
 
     tokens: List[int] = field(default_factory=list)
@@ -42,6 +45,7 @@ class Draft:
     onehot: bool = False
     stop: str = "max"
     confidence: Optional[List[float]] = None
+    first_seconds: Optional[float] = None
 
 
 @runtime_checkable

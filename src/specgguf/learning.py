@@ -48,7 +48,7 @@ class Learning:
                 pass  # a damaged record: the prior
         costs = CostModel()
         if self.model_free:
-            costs.draft, costs.draft_prefill = 1e-4, 0.0
+            costs.draft, costs.draft_prefill, costs.draft_first = 1e-4, 0.0, None
         return costs
 
     def prior(self, config: GenerationConfig) -> Optional[float]:

@@ -63,8 +63,11 @@ class ModelDrafter:
         tokens: List[int] = []
         probs, conf = [], []
         stop = "max"
+        first, t0 = None, time.perf_counter()
         for _ in range(k):
-            tok, c, q = self.sampler.pick(self.model.eval(seq, 1)[0], len(seq))
+            row = self.model.eval(seq, 1)[0]
+            first = time.perf_counter() - t0 if first is None else first
+            tok, c, q = self.sampler.pick(row, len(seq))
             if p_min is not None and c < p_min:
                 stop = "cutoff"
                 break
@@ -73,7 +76,7 @@ class ModelDrafter:
             if q is not None:
                 probs.append(q)
             seq.append(tok)
-        return Draft(tokens, np.stack(probs) if probs else None, False, stop, conf)
+        return Draft(tokens, np.stack(probs) if probs else None, False, stop, conf, first)
 
 
 def prompt_agreement(target: LlamaModel, draft: LlamaModel, ids: Sequence[int], sampler: Sampler,
@@ -101,33 +104,37 @@ CALIBRATION_TEXT = "Write a short essay about the history of the printing press.
 
 
 def calibrate(target: LlamaModel, draft: Optional[LlamaModel], k_max: int, reps: int = 7) -> CostModel:
-    """Time the forwards a round runs on this machine: a draft token (as part
-    of a greedy 4-token drafting round), the draft catching up on skipped
-    tokens, and target batches of 1..k_max+1 tokens (medians of ``reps``,
-    interleaved: the policy compares these costs with each other, and on a
-    shared machine the load drifts meanwhile). Leaves both caches empty."""
+    """Time the forwards a round runs on this machine: a greedy 4-token
+    drafting round right after a target forward (its first draft forward,
+    a 2-token catch-up on cold weights, apart from the 3 after it), the draft
+    catching up on skipped tokens, and target batches of 1..k_max+1 tokens
+    (medians of ``reps``, interleaved: the policy compares these costs with
+    each other, and on a shared machine the load drifts meanwhile). Leaves
+    both caches empty."""
     bos = int(target.llm.token_bos())
     ctx = [bos] + [t if 0 <= t < target.model_vocab else 0 for t in (100 + i % 500 for i in range(159))]
     models = [m for m in (target, draft) if m is not None]
-    tables = {"target": [[] for _ in range(k_max + 1)], "draft": [], "prefill": []}
+    tables = {"target": [[] for _ in range(k_max + 1)], "draft": [], "first": [], "prefill": []}
     drafter = ModelDrafter(draft) if draft is not None else None
     try:
         for m in models:
             m.reset()
             m.eval(ctx, 1)
         for rep in range(reps):
+            fill = [8 + rep % 2] * 32  # other than last time's: a real catch-up of 32
+            if drafter is not None:
+                t0 = time.perf_counter()
+                draft.eval(ctx + fill, 1)
+                tables["prefill"].append((time.perf_counter() - t0) / 32)
             for b in range(1, k_max + 2):
                 t0 = time.perf_counter()
                 target.eval(ctx + [7] * b, b)  # cut back to ctx, then one forward of b
                 tables["target"][b - 1].append(time.perf_counter() - t0)
-            if drafter is not None:
-                fill = [8 + rep % 2] * 32  # other than last time's: a real catch-up of 32
+            if drafter is not None:  # as a live round after all were accepted: 2, then 3 x 1
                 t0 = time.perf_counter()
-                draft.eval(ctx + fill, 1)
-                tables["prefill"].append((time.perf_counter() - t0) / 32)
-                t0 = time.perf_counter()  # a live round after all were accepted: 2, then 3 x 1
-                drafter.propose(ctx + fill + [9, 10], 4)
-                tables["draft"].append((time.perf_counter() - t0) / 4)
+                first = drafter.propose(ctx + fill + [9, 10], 4).first_seconds
+                tables["first"].append(first)
+                tables["draft"].append((time.perf_counter() - t0 - first) / 3)
     finally:
         for m in models:
             m.reset()
@@ -136,7 +143,7 @@ def calibrate(target: LlamaModel, draft: Optional[LlamaModel], k_max: int, reps:
         return CostModel(draft=1e-5 * med(tables["target"][0]), target=[med(t) for t in tables["target"]],
                          seconds=True, draft_prefill=0.0)
     return CostModel(draft=med(tables["draft"]), target=[med(t) for t in tables["target"]], seconds=True,
-                     draft_prefill=med(tables["prefill"]))
+                     draft_prefill=med(tables["prefill"]), draft_first=med(tables["first"]))
 
 
 def measure_acceptance(target: LlamaModel, draft: LlamaModel, n: int = 48) -> dict:

@@ -4,15 +4,20 @@ The rule (Leviathan et al.): if the draft's i-th token of a round is accepted
 with probability a_i given the ones before it were, a round that drafts K
 tokens emits E(K) = 1 + a_0 + a_0 a_1 + ... + a_0 ... a_{K-1} tokens and costs
 K draft forwards plus one target forward over K+1 tokens. The best K is the
-one with the most expected tokens per second, E(K) / (K c_draft + T(K+1));
-K = 0 is plain decoding, E = 1 at cost T(1).
+one with the most expected tokens per second,
+E(K) / (c_first + (K - 1) c_draft + T(K+1)); K = 0 is plain decoding, E = 1
+at cost T(1). A round's first draft forward (c_first) costs more than the
+next ones: it runs right after the target's, with the draft's weights out
+of cache, and after a fully accepted round it evaluates two tokens.
+Measured here it was about twice a warm one, which makes K = 1 a loss at
+any acceptance on that machine; one cost per draft token hid that.
 
 * :class:`AcceptanceEstimate` holds what is known of the a_i: decayed counts
   of verified and accepted draft positions from this run, plus what was
   known before it (a measured acceptance and what earlier runs learned,
   together worth at most ``PRIOR_CAP`` observations). Only this run's counts
   are handed to the state store, so a prior is never counted twice.
-* :class:`CostTracker` holds c_draft, T(1..k_max+1) and the draft's per-token
+* :class:`CostTracker` holds c_first, c_draft, T(1..k_max+1) and the draft's per-token
   catch-up cost, starting from a conservative prior (or stored costs) and
   refined from the run's own timed forwards when the clock may change nothing
   (greedy runs, and sampling that is unseeded or drafter-invariant).
@@ -38,8 +43,10 @@ from typing import Dict, List, Optional, Sequence
 class CostModel:
     """Forward costs, in any one unit (seconds, or relative to T(1)).
 
-    ``draft``: one draft token. ``target[b - 1]``: one target forward over b
-    tokens, for b = 1..len(target); longer batches extrapolate linearly.
+    ``draft``: one more draft token within a round. ``draft_first``: a
+    round's first draft token (None: the same as ``draft``; see the module
+    docstring). ``target[b - 1]``: one target forward over b tokens, for
+    b = 1..len(target); longer batches extrapolate linearly.
     ``draft_prefill``: per token, the draft catching up on tokens it skipped
     (one batched forward; what a probe pays first after K = 0 rounds).
     ``seconds``: the unit is seconds (measured), not relative (the prior).
@@ -53,6 +60,13 @@ class CostModel:
     target: List[float] = field(default_factory=lambda: [1.0 + 0.2 * b for b in range(9)])
     seconds: bool = False
     draft_prefill: float = 0.1
+    draft_first: Optional[float] = None
+
+    def draft_cost(self, k: int) -> float:
+        """The draft's forwards in a round that drafts k tokens."""
+        if k <= 0:
+            return 0.0
+        return (self.draft if self.draft_first is None else self.draft_first) + (k - 1) * self.draft
 
     def target_cost(self, b: int) -> float:
         t = self.target
@@ -65,7 +79,8 @@ class CostModel:
         """Every cost times ``factor``, in seconds (a relative prior meeting its
         first measurement)."""
         return CostModel(self.draft * factor, [t * factor for t in self.target], True,
-                         self.draft_prefill * factor)
+                         self.draft_prefill * factor,
+                         None if self.draft_first is None else self.draft_first * factor)
 
     def copy(self) -> "CostModel":
         return CostModel.from_dict(self.to_dict())
@@ -77,7 +92,8 @@ class CostModel:
     def from_dict(cls, d: dict) -> "CostModel":
         return cls(draft=float(d["draft"]), target=[float(x) for x in d["target"]],
                    seconds=bool(d.get("seconds", cls.seconds)),
-                   draft_prefill=float(d.get("draft_prefill", 0.5 * float(d["draft"]))))
+                   draft_prefill=float(d.get("draft_prefill", 0.5 * float(d["draft"]))),
+                   draft_first=None if d.get("draft_first") is None else float(d["draft_first"]))
 
 
 class CostTracker:
@@ -109,19 +125,33 @@ class CostTracker:
         return old + max(0.1, 1.0 / (n + 2)) * (new - old)
 
     def observe(self, drafted: int, draft_seconds: Optional[float], target_seconds: Optional[float],
-                draft_caught_up: bool) -> None:
+                draft_caught_up: bool, first_seconds: Optional[float] = None) -> None:
         """One round's timings. ``draft_caught_up``: the draft first evaluated
-        tokens it had skipped, so its time is not the cost of drafted tokens."""
+        tokens it had skipped, so its first forward is not a round's usual
+        one. ``first_seconds``: the draft's first forward, when the drafter
+        timed it; without it the round's draft time counts evenly per token."""
         if not self.online or target_seconds is None or target_seconds <= 0:
             return
         if not self.costs.seconds:  # first measurement: rescale the relative prior
             self.costs = self.costs.scaled(target_seconds / self.costs.target_cost(drafted + 1))
-        if draft_seconds is not None and drafted > 0 and not draft_caught_up:
-            self.costs.draft = self._blend("draft", self.costs.draft, draft_seconds / drafted)
+        if draft_seconds is not None and drafted > 0:
+            self._observe_draft(drafted, draft_seconds, draft_caught_up, first_seconds)
         t, b = self.costs.target, drafted + 1
         while len(t) < b:
             t.append(self.costs.target_cost(len(t) + 1))
         t[b - 1] = self._blend(b, t[b - 1], target_seconds)
+
+    def _observe_draft(self, drafted: int, seconds: float, caught_up: bool, first: Optional[float]) -> None:
+        c = self.costs
+        if first is None:  # one figure per token (a drafter that does not time its forwards)
+            if not caught_up:
+                c.draft = self._blend("draft", c.draft, seconds / drafted)
+                c.draft_first = None
+            return
+        if not caught_up:
+            c.draft_first = self._blend("draft_first", c.draft if c.draft_first is None else c.draft_first, first)
+        if drafted > 1:  # the later forwards are warm single tokens, after a catch-up too
+            c.draft = self._blend("draft", c.draft, max(0.0, seconds - first) / (drafted - 1))
 
 
 def _expected_tokens(k: int, acc: Sequence[float]) -> float:
@@ -134,7 +164,7 @@ def _expected_tokens(k: int, acc: Sequence[float]) -> float:
 
 def rate(k: int, acc: Sequence[float], costs: CostModel) -> float:
     """Expected tokens per unit cost when drafting k tokens a round."""
-    return _expected_tokens(k, acc) / (k * costs.draft + costs.target_cost(k + 1))
+    return _expected_tokens(k, acc) / (costs.draft_cost(k) + costs.target_cost(k + 1))
 
 
 class Counts:
@@ -451,9 +481,11 @@ class DraftPolicy:
         return self.by_confidence.cutoff((c.draft + c.target_cost(k + 2) - c.target_cost(k + 1)) * self.rate(k))
 
     def update(self, drafted: int, accepted: int, confidences: Optional[Sequence[float]] = None,
-               draft_cost: Optional[float] = None, target_cost: Optional[float] = None) -> None:
+               draft_cost: Optional[float] = None, target_cost: Optional[float] = None,
+               first_cost: Optional[float] = None) -> None:
         """Record a round: ``drafted`` proposed, ``accepted`` kept; the draft's
-        confidence per proposed token; the round's measured forward times."""
+        confidence per proposed token; the round's measured forward times
+        (``first_cost``: the draft's first forward, if the drafter timed it)."""
         verified = min(drafted, accepted + 1)  # positions the verifier decided on
         if self.probing and drafted == 0:  # the draft had nothing (no n-gram match): probe again
             self.plain_rounds = self.probe_every
@@ -461,5 +493,5 @@ class DraftPolicy:
         self.by_confidence.observe(verified, accepted, confidences, self.acceptance.decay)
         if self.probing and drafted > 0 and self.best_k() == 0:
             self.probe_every = min(self.probe_every * 2, self.probe_base * 32)
-        self.tracker.observe(drafted, draft_cost, target_cost, draft_caught_up=self.after_plain)
+        self.tracker.observe(drafted, draft_cost, target_cost, self.after_plain, first_cost)
         self.after_plain = drafted == 0
