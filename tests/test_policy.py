@@ -304,3 +304,23 @@ def test_no_drafting_whose_catch_up_cannot_be_won_back():
     # The usual lag of a drafting round (up to 2 tokens) is part of the draft's cost.
     assert policy.choose(remaining=1, lag=2) == k
     assert policy.choose() == k  # nothing known about the run: the formula alone
+
+
+def test_untimed_batches_follow_the_timed_ones_not_the_priors_shape():
+    # From the relative prior (a batch of 9 at 2.6 T(1)), a run that has timed
+    # T(1) and T(5) reads the other sizes on the line through them, not on the
+    # prior's shape scaled to T(1) (which puts T(9) at 104 ms here).
+    policy = DraftPolicy(8, online_costs=True)
+    policy.update(0, 0, draft_cost=0.0, target_cost=0.040)
+    for _ in range(20):
+        policy.update(4, 4, draft_cost=0.040, target_cost=0.060)
+    t = policy.costs.target
+    assert t[0] == pytest.approx(0.040) and t[4] == pytest.approx(0.060, rel=0.01)
+    assert t[2] == pytest.approx((t[0] + t[4]) / 2) and t[8] == pytest.approx(t[0] + 2 * (t[4] - t[0]))
+    assert t[8] < 0.085 and all(a <= b for a, b in zip(t, t[1:]))
+    # Stored or calibrated costs were all measured: left as they are.
+    measured = CostModel(draft=0.01, target=[0.04, 0.07, 0.05, 0.09, 0.1], seconds=True)
+    fixed = DraftPolicy(4, measured, online_costs=True)
+    fixed.update(0, 0, draft_cost=0.0, target_cost=0.040)
+    fixed.update(4, 4, draft_cost=0.040, target_cost=0.100)
+    assert fixed.costs.target[1:4] == measured.target[1:4]
