@@ -8,6 +8,7 @@ import sys
 from typing import List
 
 from .options import Parser, add_model_args, load_pair
+from .policy import CostModel
 
 
 def models_main(argv: List[str]) -> int:
@@ -41,8 +42,9 @@ def calibrate_main(argv: List[str]) -> int:
     args = ap.parse_args(argv)
     out = load_pair(args).calibrate()
     c = out["costs"]
+    first = CostModel.from_dict(c).draft_cost(1)
     print(f"target T(1..{len(c['target'])}) " + " ".join(f"{t * 1e3:.1f}" for t in c["target"])
-          + f" ms; draft: a round's first token {(c.get('draft_first') or c['draft']) * 1e3:.2f} ms, "
+          + f" ms; draft: a round's first token {first * 1e3:.2f} ms, "
           f"then {c['draft'] * 1e3:.2f} ms/token; catch-up {c['draft_prefill'] * 1e3:.2f} ms/token")
     if out["acceptance"]:
         a = out["acceptance"]

@@ -172,7 +172,7 @@ class CostTracker:
                 c.draft_first = None
             return
         if not caught_up:
-            c.draft_first = self._blend("draft_first", c.draft if c.draft_first is None else c.draft_first, first)
+            c.draft_first = self._blend("draft_first", c.draft_cost(1), first)
         if drafted > 1:  # the later forwards are warm single tokens, after a catch-up too
             c.draft = self._blend("draft", c.draft, max(0.0, seconds - first) / (drafted - 1))
 
