@@ -83,13 +83,16 @@ def test_recovers_when_acceptance_rises():
     good = simulate(policy, 0.95, 600, rng)
     assert best_k_formula(CHEAP_BATCH, 0.95) >= 4
     assert np.mean(good[-200:]) >= 4  # the probes noticed and K went back up
+    # (one probe keeping all 3 tokens is not enough evidence after 300 poor
+    # rounds; without halving the wait after it, the next came 512 rounds on)
 
 
 def test_probes_back_off_while_they_fail():
     policy = DraftPolicy(8, CostModel.from_dict(CHEAP_BATCH.to_dict()), probe_every=4)
     ks = simulate(policy, 0.0, 400, np.random.default_rng(3))
     probes = [i for i, k in enumerate(ks) if k > 0]
-    gaps = list(np.diff(probes[1:]))  # probes[0:2]: the first rounds, before anything was learned
+    assert probes[0] == 0  # the first round drafts on the prior alone
+    gaps = list(np.diff(probes))
     assert gaps == [4, 8, 16, 32, 64, 128, 128]  # doubling after each failed probe, up to 32x
 
 
@@ -324,3 +327,23 @@ def test_untimed_batches_follow_the_timed_ones_not_the_priors_shape():
     fixed.update(0, 0, draft_cost=0.0, target_cost=0.040)
     fixed.update(4, 4, draft_cost=0.040, target_cost=0.100)
     assert fixed.costs.target[1:4] == measured.target[1:4]
+
+
+def test_a_slow_spell_seen_only_in_plain_rounds_does_not_start_drafting():
+    # The poor (Q2_K) draft's costs as calibrated here, and its acceptance.
+    # Plain rounds then run 30% slower (a shared machine): judged against the
+    # stale drafting costs, K = 1 would look like a 5% win; measured, it was a
+    # loss. Every cost follows T(1), so only the measured ratios decide.
+    poor = CostModel(draft=0.0159, target=[0.0425, 0.0560, 0.0605, 0.0633, 0.0711], seconds=True,
+                     draft_prefill=0.0034, draft_first=0.0227)
+    policy = DraftPolicy(4, poor.copy(), online_costs=True, prior=0.67)
+    assert policy.best_k() == 0
+    stale = DraftPolicy(4, CostModel.from_dict(dict(poor.to_dict(), target=[0.0553] + poor.target[1:])),
+                        prior=0.67)
+    assert stale.best_k() > 0  # what T(1) moving alone would do
+    for _ in range(30):
+        policy.update(0, 0, draft_cost=0.0, target_cost=0.0553)
+    c = policy.costs
+    assert c.target[0] == pytest.approx(0.0553, rel=0.05) and policy.best_k() == 0
+    assert c.draft_first / c.target[1] == pytest.approx(poor.draft_first / poor.target[1])
+    assert c.draft / c.target[0] == pytest.approx(poor.draft / poor.target[0])
