@@ -330,6 +330,32 @@ def test_sampled_evidence_and_priors_stay_in_their_regime(target, draft):
     assert s.learning.policy(cfg()) is not s.learning.policy(cfg(temperature=0.8))
 
 
+def test_a_prompt_measurement_is_stored_once_and_clock_blind_runs_store_nothing(target, poor_draft):
+    """A first k="auto" run measures its draft on the prompt and stores it:
+    another process (a fresh SpeculativeLlama on the same state) and a seeded
+    p/q run need not measure again. A seeded p/q run in a fresh state
+    measures but writes nothing, so its next call gives the same text."""
+    cfg = specgguf.GenerationConfig
+    seeded = dict(temperature=0.8, seed=3, k="auto", drafter_invariant=False)
+    s = SpeculativeLlama(target, poor_draft)
+    regime = cfg(**seeded).regime
+    a = s.generate(msgs(PROMPTS[0]), max_tokens=16, **seeded)
+    assert s.learning.state.evidence(regime) is None
+    assert s.generate(msgs(PROMPTS[0]), max_tokens=16, **seeded).tokens == a.tokens
+    s.generate(msgs(PROMPTS[0]), max_tokens=16, temperature=0.8, k="auto", drafter_invariant=False)
+    stored = s.learning.state.evidence(regime)
+    assert stored is not None and stored["total"][1] > 0  # the measurement, even if the draft never ran
+    calls = []
+    measure = lambda: calls.append(1)  # noqa: E731
+    again = SpeculativeLlama(target, poor_draft)  # what a new process would find
+    again.learning.policy(cfg(temperature=0.8, k="auto", drafter_invariant=False), measure)
+    again.learning.policy(cfg(**seeded), measure)
+    assert calls == []
+    fresh = SpeculativeLlama(target, poor_draft).learning  # nothing known of greedy yet: it measures
+    fresh.policy(cfg(k="auto"), measure)
+    assert calls == [1]
+
+
 def test_generate_keeps_the_loaded_pair_between_calls():
     """generate() loads a pair once per process: a second call with the same
     models reuses it (no reload, no second scan of the vocabulary)."""

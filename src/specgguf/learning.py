@@ -11,6 +11,13 @@ Runs whose output the clock could change (exact p/q sampling with a seed)
 get a fresh policy on the stored values, blind to the clock, and write
 nothing: the same seed, settings and stored state give the same text. Every
 other run refines its costs from its own timed forwards.
+
+A run that knows nothing of its draft measures the draft's acceptance on its
+prompt (:meth:`Learning.policy`). Unless the run is clock-blind, that
+measurement is stored at once as evidence for the regime: later processes,
+and seeded p/q runs (which would otherwise measure on every call), start
+from it instead of paying the draft's prompt evaluation again - for a draft
+too poor to ever run, that evaluation is all the draft would cost.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from __future__ import annotations
 from typing import Callable, Dict, Optional
 
 from .config import GenerationConfig
-from .policy import CostModel, DraftPolicy, merge_evidence
+from .policy import CostModel, DraftPolicy, measured_contribution, merge_evidence
 from .state import PairState
 
 K_MAX = 8  # the largest draft length k="auto" considers
@@ -70,7 +77,8 @@ class Learning:
         positions measured)`` or None, asked for only when nothing is known of
         the draft: better than probing blind, where a probe into a poor draft
         pays the draft's whole catch-up to learn three tokens. It counts as
-        one observation per position measured."""
+        one observation per position measured, and is stored as evidence
+        unless the run is clock-blind (see the module docstring)."""
         if config.k != "auto":
             return None
         frozen = config.verification == "exact" and config.seed is not None
@@ -86,6 +94,9 @@ class Learning:
             measured = measure()
             if measured is not None:
                 policy.acceptance.add_prior(measured[0], float(measured[1]))
+                if not frozen:
+                    found = measured_contribution(measured[0], float(measured[1]), K_MAX)
+                    self.state.update_evidence(regime, lambda old: merge_evidence(old, found))
         return policy
 
     def finish(self, policy: Optional[DraftPolicy], config: GenerationConfig) -> None:
