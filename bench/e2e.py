@@ -21,6 +21,7 @@ evaluates its prompt. State (costs, learned acceptance) lives in a temporary
 folder: the run starts as a new user would, with nothing stored.
 
     .venv/bin/python bench/e2e.py [--tokens 96] [--threads 2] [--reps 2] [--quick]
+        [--drafts good,poor] [--ks auto,1,2,4,8]
 """
 
 from __future__ import annotations
@@ -118,13 +119,28 @@ HEADER = (f"{'configuration':<30} {'tok/s':>6} {'base':>6} {'ratio':>6} {'median
           f"{'eff':>5} {'draft%':>6} {'target%':>7} {'outside%':>6}  most chosen K (K: rounds)")
 
 
+def copy_heavy(spec, base, good_costs: CostModel, args) -> None:
+    """Greedy rows on a prompt whose answer mostly copies it: n-gram drafting's regime."""
+    print("\n-- copy-heavy prompt (rename variables in code), greedy")
+    print(HEADER)
+    copy_ids = [base.tokenize([{"role": "user", "content": COPY_PROMPT}])]
+    ngram_costs = CostModel(draft=1e-5 * good_costs.target[0], target=good_costs.target, seconds=True,
+                            draft_prefill=0.0)
+    for k in ["auto", 4]:
+        row(f"ngram k={k}", *run(spec["ngram"], base, copy_ids, args.tokens, args.reps, k=k), ngram_costs, k)
+    row("good k=auto", *run(spec["good"], base, copy_ids, args.tokens, args.reps, k="auto"), good_costs, "auto")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=2, help="run each prompt this many times")
     ap.add_argument("--quick", action="store_true", help="one prompt, fewer configurations")
-    ap.add_argument("--drafts", default="good,poor", help="which drafts' rows to run (good,poor)")
+    ap.add_argument("--drafts", default="good,poor", help="which drafts' rows to run (good,poor); the "
+                    "copy-heavy rows run with the good draft")
+    ap.add_argument("--ks", default=None, help="draft lengths of the unseeded rows, e.g. auto,4 "
+                    "(default auto,1,2,4,8; --quick: auto,4)")
     args = ap.parse_args()
     os.environ["SPECGGUF_STATE"] = tempfile.mkdtemp(prefix="specgguf-bench-state-")
     tname, good = models.default_pair()
@@ -154,6 +170,8 @@ def main():
     print(f"target {tname}; good draft {good}; poor draft {poor}; {args.threads} threads; {len(ids)} prompts x "
           f"{args.tokens} tokens x {args.reps} reps; ratios against paired target-only runs")
     ks = ["auto", 4] if args.quick else ["auto", 1, 2, 4, 8]
+    if args.ks:
+        ks = [k if k == "auto" else int(k) for k in args.ks.split(",")]
     for temp in (0.0, 0.8):
         print(f"\n-- temperature {temp}" + (" (top-k 40, top-p 0.95, min-p 0.05)" if temp else " (greedy)"))
         print(HEADER)
@@ -170,14 +188,8 @@ def main():
                                                          temperature=temp, **seed_kw), costs[which], "auto")
                 row(f"{which} k=4 invariant", *run(spec[which], base, ids, args.tokens, args.reps, k=4,
                                                      temperature=temp, drafter_invariant=True), costs[which], 4)
-    print("\n-- copy-heavy prompt (rename variables in code), greedy")
-    print(HEADER)
-    copy_ids = [base.tokenize([{"role": "user", "content": COPY_PROMPT}])]
-    ngram_costs = CostModel(draft=1e-5 * costs["good"].target[0], target=costs["good"].target, seconds=True,
-                            draft_prefill=0.0)
-    for k in ["auto", 4]:
-        row(f"ngram k={k}", *run(spec["ngram"], base, copy_ids, args.tokens, args.reps, k=k), ngram_costs, k)
-    row("good k=auto", *run(spec["good"], base, copy_ids, args.tokens, args.reps, k="auto"), costs["good"], "auto")
+    if "good" in args.drafts.split(","):
+        copy_heavy(spec, base, costs["good"], args)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"\npeak RSS: {rss:.0f} MiB (target F32 515 MiB + Q4_1 94 MiB + Q2_K 84 MiB files, mmapped)")
 
