@@ -333,27 +333,32 @@ def test_sampled_evidence_and_priors_stay_in_their_regime(target, draft):
 def test_a_prompt_measurement_is_stored_once_and_clock_blind_runs_store_nothing(target, poor_draft):
     """A first k="auto" run measures its draft on the prompt and stores it:
     another process (a fresh SpeculativeLlama on the same state) and a seeded
-    p/q run need not measure again. A seeded p/q run in a fresh state
-    measures but writes nothing, so its next call gives the same text."""
+    p/q run start from it at the same weight instead of measuring again. A
+    seeded p/q run in a fresh state measures but writes nothing, so its next
+    call gives the same text. A damaged record is no prior."""
     cfg = specgguf.GenerationConfig
     seeded = dict(temperature=0.8, seed=3, k="auto", drafter_invariant=False)
     s = SpeculativeLlama(target, poor_draft)
     regime = cfg(**seeded).regime
     a = s.generate(msgs(PROMPTS[0]), max_tokens=16, **seeded)
-    assert s.learning.state.evidence(regime) is None
+    assert s.learning.state.prompt_acceptance(regime) is None
     assert s.generate(msgs(PROMPTS[0]), max_tokens=16, **seeded).tokens == a.tokens
     s.generate(msgs(PROMPTS[0]), max_tokens=16, temperature=0.8, k="auto", drafter_invariant=False)
-    stored = s.learning.state.evidence(regime)
-    assert stored is not None and stored["total"][1] > 0  # the measurement, even if the draft never ran
+    stored = s.learning.state.prompt_acceptance(regime)
+    assert 0.0 <= stored["acceptance"] <= 1.0 and stored["positions"] >= 4
     calls = []
     measure = lambda: calls.append(1)  # noqa: E731
-    again = SpeculativeLlama(target, poor_draft)  # what a new process would find
-    again.learning.policy(cfg(temperature=0.8, k="auto", drafter_invariant=False), measure)
-    again.learning.policy(cfg(**seeded), measure)
-    assert calls == []
+    again = SpeculativeLlama(target, poor_draft).learning  # what a new process would find
+    for config in (cfg(temperature=0.8, k="auto", drafter_invariant=False), cfg(**seeded)):
+        verified = again.policy(config, measure).acceptance.totals()[1]
+        assert calls == [] and verified >= stored["positions"]  # (plus any evidence the run stored)
     fresh = SpeculativeLlama(target, poor_draft).learning  # nothing known of greedy yet: it measures
     fresh.policy(cfg(k="auto"), measure)
     assert calls == [1]
+    fresh.state.store.write("acceptance", f"{fresh.state.pair}|greedy", {"acceptance": 0.5, "positions": -3})
+    fresh.policies.clear()
+    fresh.policy(cfg(k="auto"), measure)
+    assert calls == [1, 1]
 
 
 def test_generate_keeps_the_loaded_pair_between_calls():

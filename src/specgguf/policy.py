@@ -344,15 +344,6 @@ class AcceptanceEstimate:
         return out
 
 
-def measured_contribution(rate: float, weight: float, k_max: int) -> dict:
-    """A measured acceptance as a contribution for the store (what
-    :meth:`AcceptanceEstimate.add_prior` adds, as counts): ``weight``
-    observations at ``rate`` at every position, merged undecayed."""
-    est = AcceptanceEstimate(k_max)
-    est.add_prior(rate, weight)
-    return {"counts": est.before.to_dict(), "decay": 1.0}
-
-
 def merge_evidence(stored: Optional[dict], contribution: dict) -> dict:
     """Stored evidence decayed by what the run observed, plus the run's counts.
     Concurrent runs each apply their own contribution: none is lost. A

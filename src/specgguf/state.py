@@ -7,8 +7,9 @@ Three kinds of record, kept apart because they change at different rates:
   Written by runs (from their own timed forwards) and by an explicit
   :meth:`~specgguf.SpeculativeLlama.calibrate`.
 * ``acceptance``: the pair's acceptance measured by ``calibrate()`` on a fixed
-  text (greedy, and sampled at temperature 0.8 with the default warps); a
-  prior, never changed by runs.
+  text (greedy, and sampled at temperature 0.8 with the default warps), and,
+  per regime, the one measured on the prompt of the first run that knew
+  nothing of the draft; priors, written once, never changed by runs.
 * ``evidence``: what runs learn of the acceptance, per pair and per sampling
   regime (greedy, or the rounded warp settings), as decayed counts. The
   prior is never stored in it, so it is never counted twice.
@@ -198,6 +199,14 @@ class PairState:
 
     def save_acceptance(self, measured: dict) -> None:
         self.store.write("acceptance", self.pair, measured)
+
+    def prompt_acceptance(self, regime: str) -> Optional[dict]:
+        """``{"acceptance": a, "positions": n}`` measured on a first run's prompt in ``regime``, or None."""
+        return self.store.read("acceptance", f"{self.pair}|{regime}")
+
+    def save_prompt_acceptance(self, regime: str, acceptance: float, positions: int) -> None:
+        self.store.write("acceptance", f"{self.pair}|{regime}",
+                         {"acceptance": float(acceptance), "positions": int(positions)})
 
     def evidence(self, regime: str) -> Optional[dict]:
         return self.store.read("evidence", f"{self.pair}|{regime}")
