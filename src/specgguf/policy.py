@@ -415,6 +415,8 @@ class DraftPolicy:
                           # a poor draft, wins predicted at +5-10% measured as 6-12% losses
     PROBE_MARGIN = 1.10   # probes run only if the draft could beat plain decoding by this: a probe
                           # pays the draft's whole catch-up, so marginal hopes are not worth one
+    PROBE_ODDS = 0.2      # the chance a probe finds the draft as good as the optimistic estimate
+                          # (its one-sigma upper end): what a probe's catch-up is weighed against
 
     def __init__(self, k_max: int = 8, costs: Optional[CostModel] = None, *, online_costs: bool = False,
                  decay: float = 0.95, probe_every: int = 16, p_min=None,
@@ -454,27 +456,30 @@ class DraftPolicy:
 
     def could_pay(self, remaining: Optional[int] = None, lag: int = 0) -> bool:
         """Whether, at the starting costs and the optimistic acceptance, some
-        K beats plain decoding by PROBE_MARGIN, and could save more on the
-        ``remaining`` tokens than the draft's catch-up over ``lag`` tokens costs."""
+        K beats plain decoding by PROBE_MARGIN, and the chance (PROBE_ODDS) of
+        saving that much on the ``remaining`` tokens outweighs the draft's
+        catch-up over ``lag`` tokens. Measured with a poor draft, probes at
+        even odds ran at every call's start, each catching up on the prompt
+        to learn three tokens: 2-3% of the run, for nothing."""
         acc = [self.acceptance.optimistic()] * self.k_max
         start = self.tracker.start
         best = max(range(1, self.k_max + 1), key=lambda k: self.rate(k, acc, start))
         if self.rate(best, acc, start) <= self.PROBE_MARGIN * self.rate(0, acc, start):
             return False
-        return self.repays(best, remaining, lag, acc, start)
+        return self.repays(best, remaining, lag, acc, start, self.PROBE_ODDS)
 
-    def repays(self, k: int, remaining: Optional[int], lag: int,
-               acc: Optional[Sequence[float]] = None, costs: Optional[CostModel] = None) -> bool:
+    def repays(self, k: int, remaining: Optional[int], lag: int, acc: Optional[Sequence[float]] = None,
+               costs: Optional[CostModel] = None, odds: float = 1.0) -> bool:
         """Whether drafting k per round over the ``remaining`` tokens is expected
-        to save more than the draft's catch-up on ``lag`` unseen tokens costs
-        (a long prompt before a short answer may not be worth it). The last 2
-        do not count: every drafting round catches up on that many, and the
-        draft's cost includes it."""
+        to save more (times ``odds``, the chance of saving it) than the draft's
+        catch-up on ``lag`` unseen tokens costs (a long prompt before a short
+        answer may not be worth it). The last 2 do not count: every drafting
+        round catches up on that many, and the draft's cost includes it."""
         if remaining is None or lag <= 2:
             return True
         c = costs or self.costs
         saving = remaining * (1.0 / self.rate(0, acc, c) - 1.0 / self.rate(k, acc, c))
-        return saving > (lag - 2) * c.draft_prefill
+        return odds * saving > (lag - 2) * c.draft_prefill
 
     # -- the per-round calls ---------------------------------------------------
     def choose(self, remaining: Optional[int] = None, lag: int = 0) -> int:
