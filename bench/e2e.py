@@ -16,6 +16,8 @@ sizes, the best K at the costs calibrated at the start (as a round runs
 them: SpeculativeLlama.calibrate) rescaled to the paired runs' single-token
 cost. "eff" = ratio / ceiling: how much of the formula's speedup survives
 everything it leaves out.
+The first greedy row pairs plain decoding with itself: the spread of its
+ratios around 1.00 is this machine's pairing noise in the same minutes.
 The models' KV caches are emptied before each generation, so every one
 evaluates its prompt. State (costs, learned acceptance) lives in a temporary
 folder: the run starts as a new user would, with nothing stored.
@@ -175,6 +177,8 @@ def main():
     for temp in (0.0, 0.8):
         print(f"\n-- temperature {temp}" + (" (top-k 40, top-p 0.95, min-p 0.05)" if temp else " (greedy)"))
         print(HEADER)
+        if temp == 0:  # the same configuration on both sides: how far the ratios stray from 1.00 here
+            row("target alone (noise floor)", *run(base, base, ids, args.tokens, args.reps, k=0), costs["good"], 0)
         for which in args.drafts.split(","):
             for k in ks:
                 extra = {} if temp == 0 else {"drafter_invariant": False}
