@@ -32,9 +32,9 @@ from .policy import CostModel, DraftPolicy, merge_evidence
 from .state import PairState
 
 K_MAX = 8  # the largest draft length k="auto" considers
-PROBE_EVERY = 16  # plain rounds between probes of a draft model (each pays the draft's catch-up)
 NGRAM_PROBE_EVERY = 4  # an n-gram probe costs no catch-up: after one early miss on a copy-heavy
-                       # prompt, waiting 16 rounds cost the first call a third of its speed-up
+                       # prompt, waiting DraftPolicy.PROBE_EVERY (16) rounds cost the first call
+                       # a third of its speed-up
 SAMPLED_PRIOR = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)  # where calibrate() measures
 
 
@@ -93,7 +93,7 @@ class Learning:
         if frozen or policy is None or policy.p_min_setting != config.p_min:
             prior = self.prior(config)
             policy = DraftPolicy(K_MAX, self._costs(), online_costs=not frozen, p_min=config.p_min, prior=prior,
-                                 probe_every=NGRAM_PROBE_EVERY if self.model_free else PROBE_EVERY)
+                                 probe_every=NGRAM_PROBE_EVERY if self.model_free else DraftPolicy.PROBE_EVERY)
             policy.acceptance.add_before(self.state.evidence(regime))
             if prior is None:
                 self._add_prompt_prior(policy, regime)

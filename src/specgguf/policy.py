@@ -410,6 +410,7 @@ class DraftPolicy:
     """
 
     PROBE_K = 3           # drafts per probe: the catch-up dominates its cost, so learn more
+    PROBE_EVERY = 16      # plain rounds between probes to start with (each pays the draft's catch-up)
     BASELINE_EVERY = 32   # online: one plain round this often while drafting, to re-time it
     DRAFT_MARGIN = 1.10   # draft only when it is expected to beat plain decoding by this: with
                           # a poor draft, wins predicted at +5-10% measured as 6-12% losses
@@ -419,7 +420,7 @@ class DraftPolicy:
                           # (its one-sigma upper end): what a probe's catch-up is weighed against
 
     def __init__(self, k_max: int = 8, costs: Optional[CostModel] = None, *, online_costs: bool = False,
-                 decay: float = 0.95, probe_every: int = 16, p_min=None,
+                 decay: float = 0.95, probe_every: int = PROBE_EVERY, p_min=None,
                  prior: Optional[float] = None) -> None:
         if k_max < 1:
             raise ValueError(f"k_max must be >= 1, got {k_max}")
