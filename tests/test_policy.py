@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from specgguf.policy import AcceptanceEstimate, CostModel, DraftPolicy, merge_evidence
+from specgguf.policy import AcceptanceEstimate, CostModel, CostTracker, DraftPolicy, merge_evidence, rate, rates
 
 # A memory-bound board: a batch of b target tokens costs little more than one.
 CHEAP_BATCH = CostModel(draft=0.1, target=[1.0 + 0.05 * b for b in range(9)])
@@ -347,3 +347,36 @@ def test_a_slow_spell_seen_only_in_plain_rounds_does_not_start_drafting():
     assert c.target[0] == pytest.approx(0.0553, rel=0.05) and policy.best_k() == 0
     assert c.draft_first / c.target[1] == pytest.approx(poor.draft_first / poor.target[1])
     assert c.draft / c.target[0] == pytest.approx(poor.draft / poor.target[0])
+
+
+def test_rates_in_one_pass_are_the_formulas():
+    costs = CostModel(draft=0.3, target=[1.0, 1.2, 1.5], draft_first=0.5)
+    acc = [0.9, 0.8, 0.7, 0.6]
+    want = [sum(np.prod(acc[:i]) for i in range(k + 1)) / (costs.draft_cost(k) + costs.target_cost(k + 1))
+            for k in range(5)]
+    assert rates(4, acc, costs) == pytest.approx(want, rel=1e-12)
+    assert [rate(k, acc, costs) for k in range(5)] == rates(4, acc, costs)
+
+
+class _AlwaysFollow(CostTracker):
+    """The tracker as it was: the untimed batches recomputed after every round."""
+
+    def observe(self, *args, **kwargs):
+        super().observe(*args, **kwargs)
+        if self.online and not self.start.seconds:
+            self._follow_timed()
+
+
+def test_untimed_batches_are_recomputed_only_when_a_timed_size_moves():
+    # A plain round scales every cost alike, which leaves the interpolated
+    # batches where they were: the tracker skips that recomputation (it was
+    # ~30 us of a plain round's Python), and must end where recomputing would.
+    rng = np.random.default_rng(5)
+    fast, ref = CostTracker(online=True), _AlwaysFollow(online=True)
+    for _ in range(300):
+        k = int(rng.choice([0, 0, 0, 2, 4]))
+        args = (k, 0.01 * k * rng.uniform(0.8, 1.2), 0.04 * (1 + 0.1 * k) * rng.uniform(0.8, 1.2), k == 0)
+        fast.observe(*args)
+        ref.observe(*args)
+        assert fast.costs.target == pytest.approx(ref.costs.target, rel=1e-9)
+        assert fast.costs.draft == pytest.approx(ref.costs.draft, rel=1e-9)
