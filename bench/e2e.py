@@ -23,7 +23,7 @@ evaluates its prompt. State (costs, learned acceptance) lives in a temporary
 folder: the run starts as a new user would, with nothing stored.
 
     .venv/bin/python bench/e2e.py [--tokens 96] [--threads 2] [--reps 2] [--quick]
-        [--drafts good,poor] [--ks auto,1,2,4,8]
+        [--drafts good,poor] [--ks auto,1,2,4,8] [--temps 0,0.8]
 """
 
 from __future__ import annotations
@@ -143,7 +143,12 @@ def main():
                     "copy-heavy rows run with the good draft")
     ap.add_argument("--ks", default=None, help="draft lengths of the unseeded rows, e.g. auto,4 "
                     "(default auto,1,2,4,8; --quick: auto,4)")
+    ap.add_argument("--temps", default="0,0.8", help="which temperatures' sections to run: 0 (greedy, with "
+                    "the noise-floor row) and/or 0.8 (sampled, with the seeded rows)")
     args = ap.parse_args()
+    temps = [float(t) for t in args.temps.split(",")]
+    if not temps or any(t not in (0.0, 0.8) for t in temps):
+        ap.error(f"--temps takes 0 and/or 0.8, got {args.temps!r}")
     os.environ["SPECGGUF_STATE"] = tempfile.mkdtemp(prefix="specgguf-bench-state-")
     tname, good = models.default_pair()
     poor = models.load_lock()[1]["poor-draft"]["draft"]
@@ -174,7 +179,7 @@ def main():
     ks = ["auto", 4] if args.quick else ["auto", 1, 2, 4, 8]
     if args.ks:
         ks = [k if k == "auto" else int(k) for k in args.ks.split(",")]
-    for temp in (0.0, 0.8):
+    for temp in temps:
         print(f"\n-- temperature {temp}" + (" (top-k 40, top-p 0.95, min-p 0.05)" if temp else " (greedy)"))
         print(HEADER)
         if temp == 0:  # the same configuration on both sides: how far the ratios stray from 1.00 here
