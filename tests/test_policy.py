@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from specgguf.policy import AcceptanceEstimate, CostModel, CostTracker, DraftPolicy, merge_evidence, rate, rates
+from specgguf.policy import (AcceptanceEstimate, CostModel, CostTracker, DraftPolicy, ProbeSchedule, merge_evidence,
+                             rate, rates)
 
 # A memory-bound board: a batch of b target tokens costs little more than one.
 CHEAP_BATCH = CostModel(draft=0.1, target=[1.0 + 0.05 * b for b in range(9)])
@@ -380,3 +381,23 @@ def test_untimed_batches_are_recomputed_only_when_a_timed_size_moves():
         ref.observe(*args)
         assert fast.costs.target == pytest.approx(ref.costs.target, rel=1e-9)
         assert fast.costs.draft == pytest.approx(ref.costs.draft, rel=1e-9)
+
+
+def test_probe_schedule_backs_off_resets_and_retries_an_empty_probe():
+    s = ProbeSchedule(4)
+    assert [s.plain_round() for _ in range(4)] == [False, False, False, True]
+    s.start()
+    s.outcome(drafted=3, kept_all=False, stays_plain=True)
+    assert s.every == 8 and not any(s.plain_round() for _ in range(7)) and s.plain_round()
+    s.start()
+    s.outcome(drafted=3, kept_all=True, stays_plain=True)  # kept everything: look again sooner
+    assert s.every == 4
+    for _ in range(10):
+        s.start()
+        s.outcome(drafted=3, kept_all=False, stays_plain=True)
+    assert s.every == 4 * ProbeSchedule.BACKOFF_CAP
+    s.start()
+    s.outcome(drafted=0, kept_all=False, stays_plain=True)  # no n-gram match: nothing learned
+    assert s.every == 4 * ProbeSchedule.BACKOFF_CAP and s.plain_round()  # due again at once
+    s.drafting()
+    assert s.every == 4 and not s.probing and s.waited == 0

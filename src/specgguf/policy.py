@@ -1,4 +1,4 @@
-"""How many tokens to draft each round (``k="auto"``), in three small parts.
+"""How many tokens to draft each round (``k="auto"``), in small parts.
 
 The rule (Leviathan et al.): if the draft's i-th token of a round is accepted
 with probability a_i given the ones before it were, a round that drafts K
@@ -21,7 +21,9 @@ any acceptance on that machine; one cost per draft token hid that.
   catch-up cost, starting from a conservative prior (or stored costs) and
   refined from the run's own timed forwards when the clock may change nothing
   (greedy runs, and sampling that is unseeded or drafter-invariant).
-* :class:`DraftPolicy` chooses K each round from the two: the best K if it
+* :class:`ProbeSchedule` holds when the next probe is due while K = 0,
+  backing off while probes fail.
+* :class:`DraftPolicy` chooses K each round from these: the best K if it
   beats plain decoding by ``DRAFT_MARGIN`` and repays the draft's catch-up on
   the tokens it has not seen; while K = 0, an occasional short probe (backing
   off while probes fail) if the draft could still pay; one plain round in
@@ -399,6 +401,48 @@ class ConfidenceBins:
         return 1.0
 
 
+class ProbeSchedule:
+    """When a probe is due while the policy decodes plainly: after ``every``
+    plain rounds. A probe after which the policy stays plain doubles the wait
+    (up to BACKOFF_CAP times the start), or halves it if it kept all its
+    tokens: probes thin out unless most keep everything, and a draft that
+    improved is noticed soon. Any drafting round restores the starting wait.
+
+    Args:
+        every: plain rounds between probes to start with.
+    """
+
+    BACKOFF_CAP = 32
+
+    def __init__(self, every: int) -> None:
+        self.base = self.every = every
+        self.waited = 0       # plain rounds since the last probe or drafting round
+        self.probing = False  # the current round is a probe
+
+    def plain_round(self) -> bool:
+        """Count a plain round; True when a probe is due."""
+        self.probing = False
+        self.waited += 1
+        return self.waited >= self.every
+
+    def start(self) -> None:
+        """The current round probes."""
+        self.probing, self.waited = True, 0
+
+    def drafting(self) -> None:
+        """The current round drafts by the policy's own choice."""
+        self.probing, self.waited, self.every = False, 0, self.base
+
+    def outcome(self, drafted: int, kept_all: bool, stays_plain: bool) -> None:
+        """The current probe drafted ``drafted`` tokens, kept them all or not;
+        ``stays_plain``: what it showed leaves the policy at K = 0."""
+        if drafted == 0:  # nothing to propose (no n-gram match): probe again next plain round
+            self.waited = self.every
+        elif stays_plain:
+            grow = 0.5 if kept_all else 2
+            self.every = max(self.base, min(int(self.every * grow), self.base * self.BACKOFF_CAP))
+
+
 class DraftPolicy:
     """The choice of K each round (and of the draft confidence cutoff ``p_min``).
 
@@ -408,8 +452,7 @@ class DraftPolicy:
             prior otherwise).
         online_costs: refine costs from timed rounds (see :class:`CostTracker`).
         decay: per-round decay of the acceptance counts.
-        probe_every: K = 0 rounds between probes; after a probe that does
-            not pay, doubles (up to 32x), or halves if it kept all PROBE_K tokens.
+        probe_every: plain rounds between probes to start with (see :class:`ProbeSchedule`).
         p_min: None (no cutoff), a float, or "auto" (learned: stop drafting
             when the draft's confidence predicts an acceptance below what one
             more draft token costs).
@@ -438,10 +481,8 @@ class DraftPolicy:
         self.acceptance = AcceptanceEstimate(k_max, prior, decay)
         self.tracker = CostTracker(costs, online_costs)
         self.p_min_setting = p_min
-        self.probe_base = self.probe_every = probe_every
-        self.plain_rounds = 0            # K = 0 rounds since the last probe or drafting round
+        self.probes = ProbeSchedule(probe_every)
         self.rounds_since_plain = 0      # drafting rounds since the last plain one
-        self.probing = False             # this round is a probe
         self.after_plain = True          # the last round drafted nothing: the draft lags
         self.by_confidence = ConfidenceBins()
 
@@ -498,20 +539,16 @@ class DraftPolicy:
         k = self.best_k()
         if k and not self.repays(k, remaining, lag):
             k = 0  # the draft's catch-up would cost more than it could win back
-        self.probing = False
         if k == 0:
-            self.plain_rounds += 1
             self.acceptance.rounds_without_evidence += 1
             # Knowing nothing of the draft, any plain round may probe: waiting
             # would cost a good draft's first run most of its speed-up.
-            due = self.plain_rounds >= self.probe_every or self.acceptance.knows_nothing()
+            due = self.probes.plain_round() or self.acceptance.knows_nothing()
             if due and self.could_pay(remaining, lag):
-                self.plain_rounds = 0
-                self.probing = True
+                self.probes.start()
                 k = min(self.PROBE_K, self.k_max)
         else:
-            self.plain_rounds = 0
-            self.probe_every = self.probe_base
+            self.probes.drafting()
             self.rounds_since_plain += 1
             # Plain decoding is only timed in plain rounds; a stale, slow
             # estimate of it would keep the policy drafting. Until one plain
@@ -541,17 +578,12 @@ class DraftPolicy:
         confidence per proposed token; the round's measured forward times
         (``first_cost``: the draft's first forward, if the drafter timed it)."""
         verified = min(drafted, accepted + 1)  # positions the verifier decided on
-        if self.probing and drafted == 0:  # the draft had nothing (no n-gram match): probe again
-            self.plain_rounds = self.probe_every
         self.acceptance.observe(verified, accepted)
         self.by_confidence.observe(verified, accepted, confidences, self.acceptance.decay)
-        if self.probing and drafted > 0 and self.best_k() == 0:
-            # A probe that kept all PROBE_K tokens halves the wait, any other
-            # doubles it: probes thin out unless most keep all three
-            # (acceptance above ~0.8), and a draft that improved is noticed
-            # soon. A probe cut short by p_min and kept whole does not count:
-            # one kept token says little.
-            grow = 0.5 if accepted >= min(self.PROBE_K, self.k_max) else 2
-            self.probe_every = max(self.probe_base, min(int(self.probe_every * grow), self.probe_base * 32))
+        if self.probes.probing:
+            # A probe cut short by p_min and kept whole does not count as
+            # keeping all: one kept token says little.
+            self.probes.outcome(drafted, accepted >= min(self.PROBE_K, self.k_max),
+                                drafted > 0 and self.best_k() == 0)
         self.tracker.observe(drafted, draft_cost, target_cost, self.after_plain, first_cost)
         self.after_plain = drafted == 0
