@@ -72,15 +72,19 @@ def test_interrupted_fetch_leaves_no_partial_file(tmp_path):
     env = {"SPECGGUF_CACHE": str(tmp_path), "SPECGGUF_STATE": str(tmp_path / "state"),
            "PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)}
     final = tmp_path / "models" / "SmolLM2-135M-Instruct.Q2_K.gguf"
-    for sig in (signal.SIGINT, signal.SIGKILL):
+    for sig, code in ((signal.SIGINT, 130), (signal.SIGKILL, -signal.SIGKILL)):
+        # Wait for this process's own partial file (the last one's may still
+        # be there: a fetch interrupted at once leaves it to the next), then
+        # interrupt the derivation (about a second) at once.
+        before = set((tmp_path / "models").glob("*.part"))
         p = subprocess.Popen([sys.executable, "-m", "specgguf", "models", "fetch", "smollm2-135m-q2_k"],
-                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.time() + 60
-        while time.time() < deadline and not list((tmp_path / "models").glob("*.part")):
-            time.sleep(0.02)
-        time.sleep(0.3)
+        while time.time() < deadline and p.poll() is None and not set((tmp_path / "models").glob("*.part")) - before:
+            time.sleep(0.01)
         p.send_signal(sig)
-        p.wait(timeout=60)
+        err = p.communicate(timeout=60)[1]
+        assert p.returncode == code, (sig, p.returncode, err[-500:])  # the signal ended it, not the fetch
         assert not final.exists()
     r = subprocess.run([sys.executable, "-m", "specgguf", "models", "fetch", "smollm2-135m-q2_k"], env=env,
                        capture_output=True, text=True, timeout=300)
