@@ -122,7 +122,7 @@ class CostTracker:
 
     def knows_plain(self) -> bool:
         """Whether T(1) was measured: stored or calibrated costs, or a plain round timed here."""
-        return self.start.seconds or self.samples.get(1, 0) > 0
+        return self.timed(1)
 
     def _blend(self, key: object, old: float, new: float) -> float:
         # A running mean over the first samples, then an EMA: shared machines
@@ -131,8 +131,9 @@ class CostTracker:
         # the line through the timed ones) counts as none: averaged with the
         # first measurement, a guess too high kept a run at K = 3 after it
         # had timed the larger batches.
-        n = self.samples.get(key, 0) + (1 if self.start.seconds else 0)
-        self.samples[key] = self.samples.get(key, 0) + 1
+        seen = self.samples.get(key, 0)
+        self.samples[key] = seen + 1
+        n = seen + (1 if self.start.seconds else 0)
         return old + max(0.1, 1.0 / (n + 1)) * (new - old)
 
     def observe(self, drafted: int, draft_seconds: Optional[float], target_seconds: Optional[float],
