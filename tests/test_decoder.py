@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import specgguf
+from specgguf.drafter import CallbackDrafter
 from specgguf.policy import DraftPolicy
 
 V = 64
@@ -142,3 +143,33 @@ def test_policy_is_told_what_remains_and_what_the_draft_has_not_seen():
     assert policy.calls[0][1] == len(prompt)  # the first round: the whole prompt is unseen
     assert policy.calls[1][1] in (1, 2)       # right after a drafting round
     assert policy.calls[4][1] >= 3            # after two plain rounds the lag has grown
+
+
+def test_a_drafts_read_back_reaches_the_policy():
+    """What a drafter read back while catching up (Draft.catchup) is handed
+    to the policy with the round it belongs to."""
+    class ReadingBack(CallbackDrafter):
+        def propose(self, context, k, p_min=None):
+            lag = self.lag(context)
+            draft = super().propose(context, k, p_min)
+            draft.catchup = (0.5 * lag, lag) if lag > 2 else None
+            return draft
+
+    class Recording(DraftPolicy):
+        def __init__(self):
+            super().__init__(8)
+            self.seen = []
+
+        def choose(self, remaining=None, lag=0):
+            self.lags = getattr(self, "lags", []) + [lag]
+            return [0, 0, 0, 3, 3][len(self.lags) % 5]
+
+        def update(self, drafted, accepted, *args, **kwargs):
+            self.seen.append((drafted, args[4] if len(args) > 4 else kwargs.get("catchup")))
+
+    policy = Recording()
+    dec = specgguf.SpeculativeDecoder(ReadingBack(make_draft(0.6)), target_step, k=policy)
+    dec.generate([1, 2, 3], max_new=20)
+    for lag, (drafted, catchup) in zip(policy.lags, policy.seen):
+        assert catchup == ((0.5 * lag, lag) if drafted and lag > 2 else None)
+    assert any(c for _, c in policy.seen) and any(d and not c for d, c in policy.seen)

@@ -385,3 +385,43 @@ def test_generate_keeps_the_loaded_pair_between_calls():
     assert next(iter(api._cached.values())) is not first
     with pytest.raises(ValueError, match="temperature"):
         specgguf.generate("x", target="does-not-matter", draft="x", temperature=-2)  # checked before loading
+
+
+@pytest.mark.parametrize("rule", ["greedy", "invariant"])
+def test_a_catch_up_reads_back_the_drafts_agreement_on_the_tokens_it_skipped(target, poor_draft, rule):
+    """A draft catching up on emitted tokens scores the last CHECK_ROWS of
+    them in the same forward; the agreement is the verifier's verdict at each
+    (argmax, or the race pick with the position's noise, equal to the token)."""
+    t, d = LlamaModel(target), LlamaModel(poor_draft)
+    ids = SpeculativeLlama(target, poor_draft).tokenize(msgs(PROMPTS[0]), chat=True)
+    sampler = Sampler(rule, (0.8, 40, 0.95, 0.05), seed=5, origin=len(ids))
+    seq = list(ids)
+    for _ in range(40):  # plain decoding by the rule: what the draft skipped
+        row = t.eval(seq, 1)[0]
+        seq.append(int(np.argmax(row)) if rule == "greedy" else
+                   int(specgguf.verify.race_pick(sampler.warp(row[None]), 5, len(seq) - len(ids))[0]))
+    drafter = ModelDrafter(d)
+    drafter.sampler = sampler
+    d.eval(seq[:len(ids) + 5], 1)  # the draft last saw 5 of the 40
+    draft = drafter.propose(seq, 2)
+    total, n = draft.catchup
+    assert n == ModelDrafter.CHECK_ROWS == 32
+    # The same forward again (same batch: the same floats), its rows scored by hand.
+    d.reset()
+    d.eval(seq[:len(ids) + 5], 1)
+    rows = d.eval(seq, 33)
+    assert draft.tokens[0] == sampler.pick(rows[-1], len(seq))[0]  # the last row proposes
+    rows = rows[:-1]
+    if rule == "greedy":
+        picks = np.argmax(rows, axis=1)
+    else:
+        picks = specgguf.verify.race_pick(sampler.warp(rows), 5, len(seq) - 32 - len(ids))
+    agree = int(np.count_nonzero(picks == np.array(seq[-32:])))
+    assert total == agree and 0 < agree < 32  # the poor draft disagrees somewhere
+    # After an ordinary round the draft lags by 1 or 2: nothing to read back.
+    assert drafter.propose(seq + [draft.tokens[0], 7], 1).catchup is None
+    # Only emitted tokens count, never the prompt.
+    d.reset()
+    assert drafter.propose(seq[:len(ids) + 3], 1).catchup[1] == 3
+    t.reset()
+    d.reset()

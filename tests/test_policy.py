@@ -447,3 +447,28 @@ def test_a_guess_yields_to_the_first_measurement_a_measured_cost_does_not():
     stored = CostTracker(CostModel(draft=0.01, target=[0.04, 0.05, 0.055, 0.06, 0.065], seconds=True), online=True)
     stored.observe(4, 0.040, 0.075, False)
     assert stored.costs.target[4] == pytest.approx(0.070)  # half-way: a measurement counts as one sample
+
+
+def test_a_probes_read_back_of_skipped_tokens_counts_as_evidence():
+    """A probe that read back the draft's agreement on the tokens it caught up
+    on learns from all of them; one that drafted three learns little."""
+    costs = CostModel(draft=0.3, target=list(COMPUTE_BOUND.target))  # pays from acceptance ~0.8
+
+    def after_bad_spell():
+        policy = DraftPolicy(8, costs.copy())
+        simulate(policy, 0.6, 10, np.random.default_rng(4))  # a spell at 0.6 ends drafting
+        assert policy.best_k() == 0
+        return policy
+    without, with_readback = after_bad_spell(), after_bad_spell()
+    without.update(3, 3)
+    with_readback.update(3, 3, catchup=(31.0, 32))
+    assert without.best_k() == 0
+    assert with_readback.best_k() >= 3
+    # It decays like a round's evidence and is handed to the store with it.
+    run = with_readback.acceptance.hand_over()["counts"]
+    assert run["total"][1] > 32 and run["verified"][0] > 32
+    # Read-backs that disagree rule the draft out as firmly.
+    firm = DraftPolicy(8, costs.copy())
+    firm.update(3, 3, catchup=(2.0, 32))
+    assert firm.best_k() == 0 and not firm.could_pay()
+

@@ -61,3 +61,57 @@ def test_warp_bad_rows(row):
         sampling.warp(np.array([row], np.float32), 0.8, 40, 0.95, 0.05)
     with pytest.raises(ValueError, match="must be 2-D"):
         sampling.warp(np.zeros(5, np.float32), 0.8, 40, 0.95, 0.05)
+
+
+PLAIN = (1.0, 0, 1.0, 0.0)  # temperature 1, no truncation: the warp is the softmax
+
+
+def test_catchup_agreement_estimates_the_exact_rules_acceptance():
+    """Emitted tokens follow p; the mean of min(1, q(x)/p(x)) over them is
+    sum min(p, q), what a draft token sampled from q is accepted with."""
+    rng = np.random.default_rng(7)
+    p = np.array([0.4, 0.25, 0.2, 0.1, 0.05])
+    q = np.array([0.1, 0.3, 0.3, 0.2, 0.1])
+    n = 20000
+    sampler = sampling.Sampler("exact", PLAIN, origin=3)
+    xs = rng.choice(5, size=n, p=p)
+    sampler.emitted_p = {i: float(p[x]) for i, x in enumerate(xs)}
+    context = [9, 9, 9] + xs.tolist()
+    rows = np.tile(np.log(q).astype(np.float32), (n, 1))
+    total, positions = sampler.agreement(rows, context, 3)
+    assert positions == n
+    want = np.minimum(p, q).sum()  # 0.75
+    sd = np.sqrt(np.var(np.minimum(1.0, q[xs] / p[xs])) / n)
+    assert abs(total / n - want) < 4 * sd
+    # A draft that is the target agrees everywhere; positions not emitted under the rule do not count.
+    same = np.tile(np.log(p).astype(np.float32), (10, 1))
+    assert sampler.agreement(same, context, 3) == (pytest.approx(10.0), 10)
+    sampler.emitted_p.pop(0)
+    assert sampler.agreement(same, context, 3)[1] == 9
+
+
+def test_catchup_agreement_is_the_verifiers_verdict_greedy_and_invariant():
+    """Greedy and drafter-invariant: a position agrees exactly when the
+    verifier would accept the token the draft proposes there."""
+    from specgguf.verify import accept_invariant, race_pick, verify_greedy
+    rng = np.random.default_rng(11)
+    v, n, origin = 50, 40, 5
+    target = rng.standard_normal((n, v)).astype(np.float32) * 2
+    draft = target + rng.standard_normal((n, v)).astype(np.float32)  # a close draft, not the same
+    for rule in ("greedy", "invariant"):
+        sampler = sampling.Sampler(rule, PLAIN, seed=123, origin=origin)
+        p = sampler.warp(target)
+        emitted = (np.argmax(target, 1) if rule == "greedy" else race_pick(p, 123, 0)).tolist()
+        context = list(range(origin)) + emitted
+        verdicts = 0
+        for j in range(n):  # one-token drafts at each position, as a round would verify them
+            tok, _, _ = sampler.pick(draft[j], origin + j)
+            rows = np.stack([p[j], p[j]])
+            kept = verify_greedy(rows, [tok]) if rule == "greedy" else accept_invariant(rows, [tok], 123, j)
+            verdicts += kept[0]
+        got = sampler.agreement(draft, context, origin)
+        assert got == (float(verdicts), n)
+        assert 0 < verdicts < n  # the test tells agreement from disagreement
+        # Rows before the output starts (the prompt) are skipped.
+        prompt_rows = rng.standard_normal((2, v)).astype(np.float32)
+        assert sampler.agreement(np.vstack([prompt_rows, draft]), context, origin - 2) == got

@@ -209,7 +209,8 @@ class SpeculativeDecoder:
             if policy:
                 timed = stats.rounds > 1  # the first round also evaluates the prompt
                 policy.update(len(draft.tokens), n, draft.confidence,
-                              (t1 - t0) if timed else None, (t2 - t1) if timed else None, draft.first_seconds)
+                              (t1 - t0) if timed else None, (t2 - t1) if timed else None, draft.first_seconds,
+                              draft.catchup)
             for t in draft.tokens[:n] + [nxt]:
                 prefix.append(t)
                 stats.emitted += 1

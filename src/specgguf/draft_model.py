@@ -32,7 +32,7 @@ import llama_cpp
 import numpy as np
 from llama_cpp.llama_speculative import LlamaDraftModel
 
-from .drafter import common_prefix
+from .drafter import Draft, common_prefix
 from .learning import K_MAX
 from .llama_adapter import ModelDrafter
 from .llama_model import InUse, LlamaModel, ModelLike, check_vocab, load_llama
@@ -44,10 +44,10 @@ from .policy import DraftPolicy
 class _Round:
     """What the last call proposed, to read the next call's input against."""
 
-    def __init__(self, context: List[int], tokens: List[int], confidence: List[float],
-                 draft_seconds: float, ended: float, first_seconds: Optional[float] = None) -> None:
-        self.context, self.tokens, self.confidence = context, tokens, confidence
-        self.draft_seconds, self.ended, self.first_seconds = draft_seconds, ended, first_seconds
+    def __init__(self, context: List[int], draft: Optional[Draft], draft_seconds: float, ended: float) -> None:
+        self.context, self.draft_seconds, self.ended = context, draft_seconds, ended
+        self.draft = draft or Draft()
+        self.tokens = list(self.draft.tokens)
 
     def accepted(self, ids: List[int]) -> Optional[int]:
         """How many proposals ``ids`` kept, or None if ``ids`` is not this
@@ -87,6 +87,7 @@ class DraftModel(LlamaDraftModel):
         self.llm, self.k = llm, k
         self.model = LlamaModel(llm)
         self.drafter = ModelDrafter(self.model)
+        self.sampler = self.drafter.sampler  # greedy proposals; its origin marks where output starts
         if ngram:
             self.drafter = FallbackDrafter(NgramDrafter(n_min=3), self.drafter)
         self.guard = InUse("DraftModel")
@@ -125,22 +126,22 @@ class DraftModel(LlamaDraftModel):
             k = self._choose(ids)
             t0 = time.perf_counter()
             draft = self.drafter.propose(ids, k) if k > 0 else None
-            tokens = list(draft.tokens) if draft else []
             spent = time.perf_counter() - t0
-            self._count(k, tokens, spent)
-            self.last = _Round(ids, tokens, list(draft.confidence or []) if draft else [], spent,
-                               time.perf_counter(), draft.first_seconds if draft else None)
-            return np.array(tokens, dtype=np.intc)
+            self.last = _Round(ids, draft, spent, time.perf_counter())
+            self._count(k, self.last.tokens, spent)
+            return np.array(self.last.tokens, dtype=np.intc)
 
     def _learn(self, ids: List[int]) -> None:
         last = self.last
         a = last.accepted(ids) if last is not None else None
-        if a is None:
+        if a is None:  # a new generation: its output starts after the token Llama just sampled
+            self.sampler.origin = max(0, len(ids) - 1)
             return
         self._stats["accepted"] += a
         if self.policy is not None:  # the time Llama took since: its batched forward over 1 + drafted
-            self.policy.update(len(last.tokens), a, last.confidence, last.draft_seconds or None,
-                               time.perf_counter() - last.ended, last.first_seconds)
+            d = last.draft
+            self.policy.update(len(last.tokens), a, d.confidence, last.draft_seconds or None,
+                               time.perf_counter() - last.ended, d.first_seconds, d.catchup)
 
     def _choose(self, ids: List[int]) -> int:
         if self.policy is None:

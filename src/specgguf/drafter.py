@@ -13,7 +13,7 @@ draft model), :class:`~specgguf.ngram.NgramDrafter` (prompt lookup),
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Protocol, Sequence, runtime_checkable
+from typing import Callable, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
 import numpy as np
 
@@ -38,6 +38,10 @@ class Draft:
         first_seconds: how long the first forward took (catch-up included),
             for drafters that time it; the policy costs a round's first
             draft token apart from the rest (see :mod:`specgguf.policy`).
+        catchup: ``(acceptances, positions)``: how the draft's rows for
+            emitted tokens it had skipped agree with them under the
+            verification rule (:meth:`~specgguf.sampling.Sampler.agreement`),
+            for drafters that read them back while catching up; None otherwise.
     """
 
     tokens: List[int] = field(default_factory=list)
@@ -46,6 +50,7 @@ class Draft:
     stop: str = "max"
     confidence: Optional[List[float]] = None
     first_seconds: Optional[float] = None
+    catchup: Optional[Tuple[float, int]] = None
 
 
 @runtime_checkable

@@ -51,6 +51,8 @@ class ModelDrafter:
     model's KV cache lacks of the context.
     """
 
+    CHECK_ROWS = 32  # tokens skipped that a catch-up reads the draft's rows back for
+
     def __init__(self, model: LlamaModel) -> None:
         self.model = model
         self.sampler = Sampler()
@@ -64,8 +66,19 @@ class ModelDrafter:
         probs, conf = [], []
         stop = "max"
         first, t0 = None, time.perf_counter()
+        checked, catchup = self._checked(seq), None
         for _ in range(k):
-            row = self.model.eval(seq, 1)[0]
+            if first is None and checked:
+                # Catching up on tokens it skipped, the draft also scores the last
+                # of them (up to CHECK_ROWS; they are evaluated anyway, and the
+                # extra output rows cost a fraction of the catch-up): a probe
+                # then learns the draft's acceptance on all of them, not only
+                # on the few tokens it drafts.
+                rows = self.model.eval(seq, checked + 1)
+                catchup = self.sampler.agreement(rows[:-1], seq, len(seq) - checked)
+                row = rows[-1]
+            else:
+                row = self.model.eval(seq, 1)[0]
             first = time.perf_counter() - t0 if first is None else first
             tok, c, q = self.sampler.pick(row, len(seq))
             if p_min is not None and c < p_min:
@@ -76,7 +89,17 @@ class ModelDrafter:
             if q is not None:
                 probs.append(q)
             seq.append(tok)
-        return Draft(tokens, np.stack(probs) if probs else None, False, stop, conf, first)
+        return Draft(tokens, np.stack(probs) if probs else None, False, stop, conf, first, catchup)
+
+    def _checked(self, seq: Sequence[int]) -> int:
+        """Skipped tokens to score on the first forward: none after an
+        ordinary round (it skips at most the correction, or the last draft
+        token and the bonus, which follow a fully accepted round and would
+        flatter the draft), else the last emitted ones, up to CHECK_ROWS."""
+        lag = self.model.lag(seq)
+        if lag <= 2:
+            return 0
+        return max(0, min(self.CHECK_ROWS, lag - 1, len(seq) - self.sampler.origin))
 
 
 def prompt_agreement(target: LlamaModel, draft: LlamaModel, ids: Sequence[int], sampler: Sampler,

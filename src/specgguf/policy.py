@@ -24,9 +24,11 @@ any acceptance on that machine; one cost per draft token hid that.
 * :class:`ProbeSchedule` holds when the next probe is due while K = 0,
   backing off while probes fail.
 * :class:`DraftPolicy` chooses K each round from these: the best K if it
-  beats plain decoding by ``DRAFT_MARGIN`` and repays the draft's catch-up on
-  the tokens it has not seen; while K = 0, an occasional short probe (backing
-  off while probes fail) if the draft could still pay; one plain round in
+  beats plain decoding by ``DRAFT_MARGIN`` and repays the
+  draft's catch-up on the tokens it has not seen; while K = 0, an occasional
+  short probe (backing off while probes fail) if the draft could still pay,
+  which also learns from the draft's read-back of the tokens it caught up on
+  (:meth:`AcceptanceEstimate.observe_skipped`); one plain round in
   ``BASELINE_EVERY`` to re-time plain decoding; and, with ``p_min="auto"``, a
   learned confidence cutoff.
 
@@ -247,6 +249,14 @@ class Counts:
         self.total[0] += accepted
         self.total[1] += verified
 
+    def add_unconditional(self, accepted: float, verified: int) -> None:
+        """Positions scored one by one from the true context (a catch-up's
+        read-back): each is what a round's first draft token is."""
+        self.verified[0] += verified
+        self.accepted[0] += accepted
+        self.total[0] += accepted
+        self.total[1] += verified
+
     def add_scaled(self, other: "Counts", f: float) -> None:
         for i in range(min(len(other.verified), len(self.verified))):
             self.accepted[i] += other.accepted[i] * f
@@ -331,14 +341,24 @@ class AcceptanceEstimate:
 
     def observe(self, verified: int, accepted: int) -> None:
         """A round whose verifier decided ``verified`` positions, accepting the first ``accepted``."""
-        if not verified:
-            return
-        # Decay per observed round, so rounds without drafting do not erase what was learned.
+        if verified:
+            self._new_evidence()
+            self.run.add(verified, accepted)
+
+    def _new_evidence(self) -> None:
+        # Decay per observation, so rounds without drafting do not erase what was learned.
         self.rounds_without_evidence = 0
         self.before.decay(self.decay)
         self.run.decay(self.decay)
         self.run_decay *= self.decay
-        self.run.add(verified, accepted)
+
+    def observe_skipped(self, accepted: float, positions: int) -> None:
+        """The draft's agreement on ``positions`` emitted tokens it had skipped
+        (``accepted``: their expected acceptances), read back as it caught
+        up; it decays the counts once, as a round does."""
+        if positions:
+            self._new_evidence()
+            self.run.add_unconditional(accepted, positions)
 
     def add_before(self, evidence: Optional[dict]) -> None:
         """Add what earlier runs learned (a stored :meth:`hand_over` sum),
@@ -505,13 +525,14 @@ class DraftPolicy:
         """Expected tokens per unit cost when drafting k (at ``costs``, default the live ones)."""
         return rate(k, self.acceptance.per_position() if acc is None else acc, costs or self.costs)
 
-    def best_k(self, acc: Optional[Sequence[float]] = None) -> int:
+    def best_k(self, acc: Optional[Sequence[float]] = None, margin: Optional[float] = None) -> int:
         """The K with the best expected rate; 0 unless drafting is expected to
-        beat plain decoding by DRAFT_MARGIN (the cost estimates are noisy, and
-        a marginal win predicted is often a loss measured)."""
+        beat plain decoding by ``margin`` (default DRAFT_MARGIN: the cost
+        estimates are noisy, and a marginal win predicted is often a loss
+        measured)."""
         r = rates(self.k_max, self.acceptance.per_position() if acc is None else acc, self.costs)
         k = max(range(1, self.k_max + 1), key=lambda k: (r[k], -k))
-        return k if r[k] > self.DRAFT_MARGIN * r[0] else 0
+        return k if r[k] > (self.DRAFT_MARGIN if margin is None else margin) * r[0] else 0
 
     def could_pay(self, remaining: Optional[int] = None, lag: int = 0) -> bool:
         """Whether, at the starting costs and the optimistic acceptance, some
@@ -591,10 +612,14 @@ class DraftPolicy:
 
     def update(self, drafted: int, accepted: int, confidences: Optional[Sequence[float]] = None,
                draft_cost: Optional[float] = None, target_cost: Optional[float] = None,
-               first_cost: Optional[float] = None) -> None:
+               first_cost: Optional[float] = None, catchup: Optional[Sequence[float]] = None) -> None:
         """Record a round: ``drafted`` proposed, ``accepted`` kept; the draft's
         confidence per proposed token; the round's measured forward times
-        (``first_cost``: the draft's first forward, if the drafter timed it)."""
+        (``first_cost``: the draft's first forward, if the drafter timed it);
+        ``catchup``: ``(acceptances, positions)`` the draft's read-back of
+        tokens it caught up on showed (:attr:`~specgguf.drafter.Draft.catchup`)."""
+        if catchup:
+            self.acceptance.observe_skipped(float(catchup[0]), int(catchup[1]))
         verified = min(drafted, accepted + 1)  # positions the verifier decided on
         self.acceptance.observe(verified, accepted)
         self.by_confidence.observe(verified, accepted, confidences, self.acceptance.decay)

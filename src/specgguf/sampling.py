@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numbers
 import secrets
-from typing import Optional, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -73,6 +73,7 @@ class Sampler:
         self.draft_generator = as_generator(draft_generator)
         self.seed = secrets.randbits(64) if seed is None and rule == "invariant" else seed
         self.origin = origin
+        self.emitted_p: Dict[int, float] = {}  # exact rule: the target's p(x) of each token emitted, by position
 
     @classmethod
     def from_config(cls, config, origin: int = 0) -> "Sampler":
@@ -116,5 +117,50 @@ class Sampler:
         if self.rule == "invariant":
             return accept_invariant(target, draft.tokens, self.seed, position)
         if draft.onehot:
-            return accept_onehot(target, draft.tokens, self.generator)
-        return accept(target, draft.probs, draft.tokens, self.generator)
+            n, nxt = accept_onehot(target, draft.tokens, self.generator)
+        else:
+            n, nxt = accept(target, draft.probs, draft.tokens, self.generator)
+        # What the target gave each emitted token, for agreement(): row i scores position + i.
+        for i, t in enumerate(list(draft.tokens[:n]) + [nxt]):
+            self.emitted_p[position + i] = float(target[i, t])
+        return n, nxt
+
+    def agreement(self, rows: np.ndarray, context: Sequence[int], first: int) -> Tuple[float, int]:
+        """How a draft would have fared on tokens already emitted, by this rule.
+
+        Args:
+            rows: ``[m, V]`` float32, the draft's logits; row i predicts
+                ``context[first + i]`` from the tokens before it.
+            context: the prompt and the tokens emitted after it.
+            first: index in ``context`` of the token row 0 predicts.
+
+        Returns:
+            ``(acceptances, positions)``: the expected number of the draft's
+            tokens verification would have accepted there, and over how many
+            positions. Only emitted tokens count (index >= ``origin``): the
+            prompt was not drawn from the target. Per position, the acceptance
+            event or an unbiased estimate of its probability:
+
+            * greedy: the draft's argmax is the emitted token (the target's);
+            * invariant: the draft's race pick, with the position's own
+              noise, is the emitted token: exactly the race's acceptance;
+            * exact: ``min(1, q(x) / p(x))`` for the emitted x with p(x)
+              recorded at emission. Emitted tokens follow p whatever K was,
+              so its mean is ``sum_x min(p(x), q(x))``, the acceptance of a
+              draft token sampled from q.
+        """
+        skip = max(0, self.origin - first)
+        rows, first = rows[skip:], first + skip
+        if len(rows) == 0:
+            return 0.0, 0
+        tokens = np.asarray(context[first:first + len(rows)], dtype=np.int64)
+        if self.rule == "greedy":
+            return float(np.count_nonzero(np.argmax(rows, axis=1) == tokens)), len(tokens)
+        q = warp(rows, *self.warping)
+        if self.rule == "invariant":
+            picks = race_pick(q, self.seed, first - self.origin)
+            return float(np.count_nonzero(picks == tokens)), len(tokens)
+        p = [self.emitted_p.get(first - self.origin + i) for i in range(len(tokens))]
+        kept = [i for i, pi in enumerate(p) if pi]
+        qx = q[kept, tokens[kept]].astype(np.float64) if kept else np.zeros(0)
+        return float(np.minimum(1.0, qx / np.array([p[i] for i in kept])).sum()), len(kept)
