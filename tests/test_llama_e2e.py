@@ -250,11 +250,13 @@ def test_an_ngram_draft_is_probed_again_soon_after_an_early_miss(target):
     """An n-gram probe costs no catch-up: after a first miss, k="auto" looks
     again within 4 plain rounds, not the 16 a draft model waits (measured on
     the copy-heavy prompt: waiting 16 cost the first call a third of its
-    speed-up)."""
+    speed-up). With the near-free lookup still expected to win, it does not
+    even stop: it drafts again at once, between the plain rounds that time
+    plain decoding."""
     policy = SpeculativeLlama(target, "ngram").learning.policy(specgguf.GenerationConfig(k="auto"))
     policy.update(policy.choose(), 0)  # whatever it drafted, nothing was accepted
     ks = [policy.choose() for _ in range(4)]
-    assert ks[:3] == [0, 0, 0] and ks[3] > 0, ks
+    assert any(k > 0 for k in ks), ks
 
 
 def test_text_stream_utf8_and_stop_strings(target):

@@ -24,7 +24,8 @@ any acceptance on that machine; one cost per draft token hid that.
 * :class:`ProbeSchedule` holds when the next probe is due while K = 0,
   backing off while probes fail.
 * :class:`DraftPolicy` chooses K each round from these: the best K if it
-  beats plain decoding by ``DRAFT_MARGIN`` and repays the
+  beats plain decoding by ``DRAFT_MARGIN`` (once drafting, by
+  ``STAY_MARGIN``: leaving costs a catch-up to come back) and repays the
   draft's catch-up on the tokens it has not seen; while K = 0, an occasional
   short probe (backing off while probes fail) if the draft could still pay,
   which also learns from the draft's read-back of the tokens it caught up on
@@ -495,6 +496,11 @@ class DraftPolicy:
     BASELINE_EVERY = 32   # online: one plain round this often while drafting, to re-time it
     DRAFT_MARGIN = 1.10   # draft only when it is expected to beat plain decoding by this: with
                           # a poor draft, wins predicted at +5-10% measured as 6-12% losses
+    STAY_MARGIN = 1.0     # once drafting, it stops when expected to lose at all: leaving costs the
+                          # draft's catch-up to come back, and on noisy estimates (two misses at the
+                          # first position, at acceptance 0.95) the entry margin made leaving a trap:
+                          # in simulation a good draft stayed off in 1 run in 8 and drafted in 56% of
+                          # rounds; at 1.0, 1 in 20 and 85%, a poor draft unchanged
     PROBE_MARGIN = 1.10   # probes run only if the draft could beat plain decoding by this: a probe
                           # pays the draft's whole catch-up, so marginal hopes are not worth one
     PROBE_ODDS = 0.2      # the chance a probe finds the draft as good as the optimistic estimate
@@ -514,6 +520,7 @@ class DraftPolicy:
         self.probes = ProbeSchedule(probe_every)
         self.rounds_since_plain = 0      # drafting rounds since the last plain one
         self.after_plain = True          # the last round drafted nothing: the draft lags
+        self.drafting = False            # the last choice, before probes and re-timing, was to draft
         self.by_confidence = ConfidenceBins()
 
     @property
@@ -567,9 +574,10 @@ class DraftPolicy:
         """K for the next round; ``remaining``: tokens left to generate (None:
         unknown); ``lag``: tokens of the context the draft has not evaluated
         (what drafting now would first catch up on)."""
-        k = self.best_k()
+        k = self.best_k(margin=self.STAY_MARGIN if self.drafting else None)
         if k and not self.repays(k, remaining, lag):
             k = 0  # the draft's catch-up would cost more than it could win back
+        self.drafting = k > 0
         if k == 0:
             self.acceptance.rounds_without_evidence += 1
             # Knowing nothing of the draft, any plain round may probe: waiting
