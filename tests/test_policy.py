@@ -492,3 +492,41 @@ def test_once_drafting_it_stops_only_when_it_expects_a_loss():
     lower = policy_at(True)
     lower.acceptance.add_prior(a - 0.15, 10000.0)
     assert lower.choose() == 0                 # expected to lose: it stops
+
+
+def test_the_cached_choice_is_always_the_fresh_one():
+    """choose() recomputes best_k only when the counts or the costs' shape
+    changed; across drafting, plain, probing and re-timing rounds with noisy
+    timings, what it used equals best_k computed afresh at that moment."""
+    rng = np.random.default_rng(8)
+    for a in (0.3, 0.75, 0.95):
+        policy = DraftPolicy(8, online_costs=True)
+        stale = 0
+        seen = None
+        for i in range(600):
+            margin = policy.STAY_MARGIN if policy.drafting else policy.DRAFT_MARGIN
+            fresh = policy.best_k(margin=margin)
+            # What best_k reads, up to a common scale of the costs, changes only with the key.
+            c = policy.costs
+            now = (np.array([c.draft, c.draft_cost(1), *[c.target_cost(b) for b in range(1, 10)]]) / c.target[0],
+                   policy.acceptance.per_position())
+            key = (policy.acceptance.version, policy.tracker.shape)
+            if seen is not None and key == seen[0]:
+                np.testing.assert_allclose(now[0], seen[1][0], rtol=1e-9)
+                assert now[1] == seen[1][1]
+            seen = (key, now)
+            k = policy.choose(remaining=100, lag=1)
+            stale += policy._best[1] != fresh
+            n = 0
+            while n < k and rng.random() < (a if i < 300 else 1.2 - a):  # and a change midway
+                n += 1
+            noise = rng.normal(1.0, 0.05)
+            policy.update(k, n, None, 0.4 * k * noise if k else None, (1.0 + 0.2 * k) * noise,
+                          0.5 * noise if k else None, (0.7 * 10, 10) if i % 97 == 0 else None)
+        assert stale == 0
+    # And it is cached: a plain round (costs scaled alike, no evidence) recomputes nothing.
+    before = (policy.acceptance.version, policy.tracker.shape)
+    policy.update(0, 0, None, None, 1.3)
+    assert (policy.acceptance.version, policy.tracker.shape) == before
+    policy.update(2, 1, None, 0.8, 1.4, 0.5)  # a drafting round changes both
+    assert policy.acceptance.version > before[0] and policy.tracker.shape > before[1]

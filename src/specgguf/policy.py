@@ -117,6 +117,7 @@ class CostTracker:
         self.start = self.costs.copy()
         self.online = online
         self.samples: Dict[object, int] = {}  # live samples per cost entry
+        self.shape = 0  # counts changes other than every cost scaled alike: what a choice of K sees
 
     def timed(self, b: int) -> bool:
         """Whether a target batch of ``b`` has been timed: a measured starting
@@ -158,10 +159,13 @@ class CostTracker:
         t[b - 1] = self._blend(b, before, target_seconds)
         if b == 1:
             self._follow_plain(t[0] / before)
+        else:
+            self.shape += 1
         # Scaling every cost alike leaves the untimed batches where the last
         # call put them: only a newly timed size moves them.
         if not self.start.seconds and (b > 1 or self.samples[1] == 1):
             self._follow_timed()
+            self.shape += 1
 
     def _follow_plain(self, f: float) -> None:
         """Every other cost follows T(1)'s change by the factor ``f``. Plain
@@ -302,6 +306,7 @@ class AcceptanceEstimate:
         self.run = Counts(k_max)     # observed since the last hand-over to the store
         self.run_decay = 1.0         # how much `before` decayed meanwhile
         self.rounds_without_evidence = 0
+        self.version = 0             # counts changes to the counts
         if prior is not None:
             self.add_prior(float(prior))
 
@@ -311,6 +316,7 @@ class AcceptanceEstimate:
         once overall; observations decay it like any other evidence."""
         if not 0.0 <= rate <= 1.0:
             raise ValueError(f"a measured acceptance must be in [0, 1], got {rate!r}")
+        self.version += 1
         self.before.accepted = [a + rate * weight for a in self.before.accepted]
         self.before.verified = [v + weight for v in self.before.verified]
         self.before.total = [self.before.total[0] + rate * weight, self.before.total[1] + weight]
@@ -349,6 +355,7 @@ class AcceptanceEstimate:
     def _new_evidence(self) -> None:
         # Decay per observation, so rounds without drafting do not erase what was learned.
         self.rounds_without_evidence = 0
+        self.version += 1
         self.before.decay(self.decay)
         self.run.decay(self.decay)
         self.run_decay *= self.decay
@@ -373,6 +380,7 @@ class AcceptanceEstimate:
             return  # none, or an old or damaged record: learn from scratch
         n = stored.total[1]
         self.before.add_scaled(stored, min(1.0, self.PRIOR_CAP / n) if n > 0 else 0.0)
+        self.version += 1
 
     def hand_over(self) -> dict:
         """This run's contribution for the store, then start a new one:
@@ -521,6 +529,7 @@ class DraftPolicy:
         self.rounds_since_plain = 0      # drafting rounds since the last plain one
         self.after_plain = True          # the last round drafted nothing: the draft lags
         self.drafting = False            # the last choice, before probes and re-timing, was to draft
+        self._best: tuple = (None, 0)    # (what it depends on, best_k) as _best_k_now last found it
         self.by_confidence = ConfidenceBins()
 
     @property
@@ -574,7 +583,7 @@ class DraftPolicy:
         """K for the next round; ``remaining``: tokens left to generate (None:
         unknown); ``lag``: tokens of the context the draft has not evaluated
         (what drafting now would first catch up on)."""
-        k = self.best_k(margin=self.STAY_MARGIN if self.drafting else None)
+        k = self._best_k_now()
         if k and not self.repays(k, remaining, lag):
             k = 0  # the draft's catch-up would cost more than it could win back
         self.drafting = k > 0
@@ -607,6 +616,17 @@ class DraftPolicy:
         if k == 0:
             self.rounds_since_plain = 0
         return k
+
+    def _best_k_now(self) -> int:
+        """best_k() at the margin that applies now, computed again only when
+        the acceptance counts or the costs' shape changed: a plain round
+        scales every cost alike, which moves no rate ratio (at K = 0 this
+        was most of the policy's time, ~30 us a round)."""
+        margin = self.STAY_MARGIN if self.drafting else self.DRAFT_MARGIN
+        key = (self.acceptance.version, self.tracker.shape, margin)
+        if key != self._best[0]:
+            self._best = (key, self.best_k(margin=margin))
+        return self._best[1]
 
     def p_min(self) -> Optional[float]:
         """The confidence cutoff for the next round (None: no cutoff)."""
