@@ -68,18 +68,17 @@ class ModelDrafter:
         first, t0 = None, time.perf_counter()
         checked, catchup = self._checked(seq), None
         for _ in range(k):
-            if first is None and checked:
-                # Catching up on tokens it skipped, the draft also scores the last
-                # of them (up to CHECK_ROWS; they are evaluated anyway, and the
-                # extra output rows cost a fraction of the catch-up): a probe
-                # then learns the draft's acceptance on all of them, not only
-                # on the few tokens it drafts.
-                rows = self.model.eval(seq, checked + 1)
-                catchup = self.sampler.agreement(rows[:-1], seq, len(seq) - checked)
-                row = rows[-1]
-            else:
-                row = self.model.eval(seq, 1)[0]
-            first = time.perf_counter() - t0 if first is None else first
+            # Catching up on tokens it skipped, the first forward also scores the
+            # last of them (up to CHECK_ROWS; they are evaluated anyway, and the
+            # extra output rows cost a fraction of the catch-up): a probe then
+            # learns the draft's acceptance on all of them, not only on the few
+            # tokens it drafts.
+            rows = self.model.eval(seq, 1 + (checked if first is None else 0))
+            if first is None:  # the read-back is part of the catch-up's cost
+                if checked:
+                    catchup = self.sampler.agreement(rows[:-1], seq, len(seq) - checked)
+                first = time.perf_counter() - t0
+            row = rows[-1]
             tok, c, q = self.sampler.pick(row, len(seq))
             if p_min is not None and c < p_min:
                 stop = "cutoff"

@@ -41,7 +41,7 @@ round (:meth:`DraftPolicy.update`) and asks for the next K
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 
 @dataclass
@@ -640,7 +640,7 @@ class DraftPolicy:
 
     def update(self, drafted: int, accepted: int, confidences: Optional[Sequence[float]] = None,
                draft_cost: Optional[float] = None, target_cost: Optional[float] = None,
-               first_cost: Optional[float] = None, catchup: Optional[Sequence[float]] = None) -> None:
+               first_cost: Optional[float] = None, catchup: Optional[Tuple[float, int]] = None) -> None:
         """Record a round: ``drafted`` proposed, ``accepted`` kept; the draft's
         confidence per proposed token; the round's measured forward times
         (``first_cost``: the draft's first forward, if the drafter timed it);

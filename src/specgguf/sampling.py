@@ -160,7 +160,7 @@ class Sampler:
         if self.rule == "invariant":
             picks = race_pick(q, self.seed, first - self.origin)
             return float(np.count_nonzero(picks == tokens)), len(tokens)
-        p = [self.emitted_p.get(first - self.origin + i) for i in range(len(tokens))]
-        kept = [i for i, pi in enumerate(p) if pi]
-        qx = q[kept, tokens[kept]].astype(np.float64) if kept else np.zeros(0)
-        return float(np.minimum(1.0, qx / np.array([p[i] for i in kept])).sum()), len(kept)
+        p = np.array([self.emitted_p.get(first - self.origin + i, 0.0) for i in range(len(tokens))])
+        kept = np.flatnonzero(p > 0)  # positions whose p(x) was recorded
+        qx = q[kept, tokens[kept]].astype(np.float64)
+        return float(np.minimum(1.0, qx / p[kept]).sum()), len(kept)
