@@ -314,15 +314,16 @@ def test_no_drafting_whose_catch_up_cannot_be_won_back():
 
 def test_untimed_batches_follow_the_timed_ones_not_the_priors_shape():
     # From the relative prior (a batch of 9 at 2.6 T(1)), a run that has timed
-    # T(1) and T(5) reads the other sizes on the line through them, not on the
-    # prior's shape scaled to T(1) (which puts T(9) at 104 ms here).
+    # T(1) and T(5) reads the larger sizes on the line through them, not on
+    # the prior's shape scaled to T(1) (which puts T(9) at 104 ms here), and
+    # the sizes between them at T(5): a batch never costs less than a smaller one.
     policy = DraftPolicy(8, online_costs=True)
     policy.update(0, 0, draft_cost=0.0, target_cost=0.040)
     for _ in range(20):
         policy.update(4, 4, draft_cost=0.040, target_cost=0.060)
     t = policy.costs.target
     assert t[0] == pytest.approx(0.040) and t[4] == pytest.approx(0.060, rel=0.01)
-    assert t[2] == pytest.approx((t[0] + t[4]) / 2) and t[8] == pytest.approx(t[0] + 2 * (t[4] - t[0]))
+    assert t[1:4] == [t[4]] * 3 and t[8] == pytest.approx(t[0] + 2 * (t[4] - t[0]))
     assert t[8] < 0.085 and all(a <= b for a, b in zip(t, t[1:]))
     # Stored or calibrated costs were all measured: left as they are.
     measured = CostModel(draft=0.01, target=[0.04, 0.07, 0.05, 0.09, 0.1], seconds=True)
@@ -330,6 +331,26 @@ def test_untimed_batches_follow_the_timed_ones_not_the_priors_shape():
     fixed.update(0, 0, draft_cost=0.0, target_cost=0.040)
     fixed.update(4, 4, draft_cost=0.040, target_cost=0.100)
     assert fixed.costs.target[1:4] == measured.target[1:4]
+
+
+def test_a_probe_does_not_make_small_batches_look_cheap():
+    # The poor (Q2_K) draft in a run here, per round (fixed-K runs): T(1)
+    # 32.5 ms, T(2) 43.6, T(4) 47.3; the draft's forwards 10.3 ms warm, 19.3
+    # for a round's first; acceptance 0.65. K = 1 ran at 0.85x plain. After
+    # one probe (K = 3, whose first forward is a catch-up), T(2) on the line
+    # through T(1) and T(4) read 37.4 ms and the first forward read as a
+    # warm one: K = 1 looked like +12%, past the entry margin, and a run
+    # without calibration drafted into 15-20% losses. T(2) guessed at T(4)
+    # errs high instead.
+    policy = DraftPolicy(8, online_costs=True, prior=0.65)
+    for _ in range(20):
+        policy.update(0, 0, draft_cost=0.0, target_cost=0.0325)
+    policy.update(3, 1, draft_cost=0.160 + 2 * 0.0103, target_cost=0.0473, first_cost=0.160)  # the probe
+    t = policy.costs.target
+    assert t[1] == t[2] == t[3] == pytest.approx(0.0473, rel=0.05)
+    assert policy.best_k(margin=1.0) == 0
+    t[1:3] = [t[0] + (t[3] - t[0]) * i / 3 for i in (1, 2)]  # the line through T(1) and T(4), as it was
+    assert policy.best_k() == 1
 
 
 def test_a_slow_spell_seen_only_in_plain_rounds_does_not_start_drafting():
