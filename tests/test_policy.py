@@ -551,3 +551,38 @@ def test_the_cached_choice_is_always_the_fresh_one():
     assert (policy.acceptance.version, policy.tracker.shape) == before
     policy.update(2, 1, None, 0.8, 1.4, 0.5)  # a drafting round changes both
     assert policy.acceptance.version > before[0] and policy.tracker.shape > before[1]
+
+
+def test_stored_costs_say_which_batch_sizes_were_timed(tmp_path):
+    # A first process times T(1) and T(4) (a probe); the other sizes are
+    # guesses. Stored as they were, a later process took them for measured:
+    # it never put the larger sizes to the test and never placed them on the
+    # line through the timed ones again.
+    from specgguf.config import GenerationConfig
+    from specgguf.learning import Learning
+    from specgguf.state import PairState, Store
+    state, config = PairState(Store(tmp_path), "t+d", "machine"), GenerationConfig(k="auto")
+    first = Learning(state).policy(config)
+    first.update(0, 0, draft_cost=0.0, target_cost=0.032)
+    first.update(3, 3, draft_cost=0.05, target_cost=0.047, first_cost=0.03)
+    Learning(state).finish(first, config)
+    stored = CostModel.from_dict(state.costs())
+    assert stored.measured == [1, 4] and stored.seconds
+    later = Learning(state).policy(config).tracker
+    assert [b for b in range(1, 10) if later.timed(b)] == [1, 4]
+    later.observe(0, 0.0, 0.032, True)
+    later.observe(5, 0.07, 0.060, False)  # a first batch of 6: the larger sizes follow it
+    t = later.costs.target
+    assert t[5] == pytest.approx(0.060) and t[4] == t[5] and t[8] > t[5]
+    assert later.measured_costs().measured == [1, 4, 6]
+    # A guess yields to the first measurement; a measured size counts as one sample.
+    later.observe(1, 0.02, 0.040, False)
+    assert t[1] == pytest.approx(0.040)
+    later.observe(3, 0.04, 0.057, False)
+    assert t[3] == pytest.approx((stored.target[3] + 0.057) / 2)
+    # A calibration (every size measured) or a record from before the field: all timed.
+    state.save_costs(dict(stored.to_dict(), measured=None))
+    assert all(Learning(state).policy(config).tracker.timed(b) for b in range(1, 10))
+    assert Learning(state).policy(config).tracker.measured_costs().measured is None
+    state.save_costs(dict(stored.to_dict(), measured=[0, 12]))  # damaged: the prior
+    assert not Learning(state).policy(config).tracker.start.seconds

@@ -127,7 +127,7 @@ class Learning:
         if sum(contribution["counts"]["verified"]) > 0:
             self.state.update_evidence(config.regime, lambda old: merge_evidence(old, contribution))
         if policy.costs.seconds:
-            self.stored_costs = policy.costs.to_dict()
+            self.stored_costs = policy.tracker.measured_costs().to_dict()
             self.state.save_costs(self.stored_costs)
 
     def calibrated(self, costs: CostModel, acceptance: Optional[dict]) -> None:

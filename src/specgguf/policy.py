@@ -55,6 +55,10 @@ class CostModel:
     ``draft_prefill``: per token, the draft catching up on tokens it skipped
     (one batched forward; what a probe pays first after K = 0 rounds).
     ``seconds``: the unit is seconds (measured), not relative (the prior).
+    ``measured``: the batch sizes b whose ``target[b - 1]`` was timed, the
+    others being guesses (:meth:`CostTracker._follow_timed`); None: all
+    were (a calibration, or a record from before this field), when
+    ``seconds``.
 
     The default is a conservative prior: a draft token at 0.4 of a target
     token and a batch of b at 1 + 0.2 (b - 1), so a draft must accept often
@@ -66,6 +70,7 @@ class CostModel:
     seconds: bool = False
     draft_prefill: float = 0.1
     draft_first: Optional[float] = None
+    measured: Optional[List[int]] = None
 
     def draft_cost(self, k: int) -> float:
         """The draft's forwards in a round that drafts k tokens."""
@@ -85,7 +90,8 @@ class CostModel:
         first measurement)."""
         return CostModel(self.draft * factor, [t * factor for t in self.target], True,
                          self.draft_prefill * factor,
-                         None if self.draft_first is None else self.draft_first * factor)
+                         None if self.draft_first is None else self.draft_first * factor,
+                         self.measured if self.seconds else [])
 
     def copy(self) -> "CostModel":
         return CostModel.from_dict(self.to_dict())
@@ -98,7 +104,17 @@ class CostModel:
         return cls(draft=float(d["draft"]), target=[float(x) for x in d["target"]],
                    seconds=bool(d.get("seconds", cls.seconds)),
                    draft_prefill=float(d.get("draft_prefill", 0.5 * float(d["draft"]))),
-                   draft_first=None if d.get("draft_first") is None else float(d["draft_first"]))
+                   draft_first=None if d.get("draft_first") is None else float(d["draft_first"]),
+                   measured=cls._sizes(d.get("measured"), len(d["target"])))
+
+    @staticmethod
+    def _sizes(sizes, n: int) -> Optional[List[int]]:
+        if sizes is None:
+            return None
+        out = sorted({int(b) for b in sizes})
+        if any(not 1 <= b <= n for b in out) or any(int(b) != b for b in sizes):
+            raise ValueError(f"measured batch sizes must be in 1..{n}, got {sizes!r}")
+        return out
 
 
 class CostTracker:
@@ -117,12 +133,26 @@ class CostTracker:
         self.start = self.costs.copy()
         self.online = online
         self.samples: Dict[object, int] = {}  # live samples per cost entry
+        self.guessing = not self.start.seconds or self.start.measured is not None  # some T(b) not timed
         self.shape = 0  # counts changes other than every cost scaled alike: what a choice of K sees
 
     def timed(self, b: int) -> bool:
         """Whether a target batch of ``b`` has been timed: a measured starting
         cost (stored or calibrated), or a round of that size timed here."""
-        return self.start.seconds or self.samples.get(b, 0) > 0
+        return self.samples.get(b, 0) > 0 or self._measured_at_start(b)
+
+    def _measured_at_start(self, key: object) -> bool:
+        s = self.start
+        return s.seconds and (not isinstance(key, int) or s.measured is None or key in s.measured)
+
+    def measured_costs(self) -> CostModel:
+        """The live costs, with the batch sizes timed so far or before (what
+        is stored for later runs: a size guessed here must not be taken
+        there as measured, or it is never put to the test)."""
+        out = self.costs.copy()
+        timed = [b for b in range(1, len(out.target) + 1) if self.timed(b)]
+        out.measured = None if len(timed) == len(out.target) else timed
+        return out
 
     def knows_plain(self) -> bool:
         """Whether T(1) was measured: stored or calibrated costs, or a plain round timed here."""
@@ -137,7 +167,7 @@ class CostTracker:
         # had timed the larger batches.
         seen = self.samples.get(key, 0)
         self.samples[key] = seen + 1
-        n = seen + (1 if self.start.seconds else 0)
+        n = seen + (1 if self._measured_at_start(key) else 0)
         return old + max(0.1, 1.0 / (n + 1)) * (new - old)
 
     def observe(self, drafted: int, draft_seconds: Optional[float], target_seconds: Optional[float],
@@ -163,7 +193,7 @@ class CostTracker:
             self.shape += 1
         # Scaling every cost alike leaves the untimed batches where the last
         # call put them: only a newly timed size moves them.
-        if not self.start.seconds and (b > 1 or self.samples[1] == 1):
+        if self.guessing and (b > 1 or self.samples[1] == 1):
             self._follow_timed()
             self.shape += 1
 
@@ -193,7 +223,7 @@ class CostTracker:
         (DraftPolicy.choose), smaller ones are not: only those may be
         guessed high for good."""
         t = self.costs.target
-        timed = sorted(b for b in self.samples if isinstance(b, int) and b <= len(t))
+        timed = [b for b in range(1, len(t) + 1) if self.timed(b)]
         if len(timed) < 2 or timed[0] != 1:
             return
         for b in range(2, len(t) + 1):
