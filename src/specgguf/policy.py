@@ -133,7 +133,6 @@ class CostTracker:
         self.start = self.costs.copy()
         self.online = online
         self.samples: Dict[object, int] = {}  # live samples per cost entry
-        self.guessing = not self.start.seconds or self.start.measured is not None  # some T(b) not timed
         self.shape = 0  # counts changes other than every cost scaled alike: what a choice of K sees
 
     def timed(self, b: int) -> bool:
@@ -145,12 +144,16 @@ class CostTracker:
         s = self.start
         return s.seconds and (not isinstance(key, int) or s.measured is None or key in s.measured)
 
+    def timed_sizes(self) -> List[int]:
+        """The batch sizes of ``costs.target`` timed, before this run or in it."""
+        return [b for b in range(1, len(self.costs.target) + 1) if self.timed(b)]
+
     def measured_costs(self) -> CostModel:
         """The live costs, with the batch sizes timed so far or before (what
         is stored for later runs: a size guessed here must not be taken
         there as measured, or it is never put to the test)."""
         out = self.costs.copy()
-        timed = [b for b in range(1, len(out.target) + 1) if self.timed(b)]
+        timed = self.timed_sizes()
         out.measured = None if len(timed) == len(out.target) else timed
         return out
 
@@ -161,8 +164,8 @@ class CostTracker:
     def _blend(self, key: object, old: float, new: float) -> float:
         # A running mean over the first samples, then an EMA: shared machines
         # are noisy. A measured starting value (stored or calibrated costs)
-        # counts as one sample; a guess (the prior, or a batch size placed on
-        # the line through the timed ones) counts as none: averaged with the
+        # counts as one sample; a guess (the prior, or a batch size guessed
+        # from the timed ones) counts as none: averaged with the
         # first measurement, a guess too high kept a run at K = 3 after it
         # had timed the larger batches.
         seen = self.samples.get(key, 0)
@@ -193,7 +196,8 @@ class CostTracker:
             self.shape += 1
         # Scaling every cost alike leaves the untimed batches where the last
         # call put them: only a newly timed size moves them.
-        if self.guessing and (b > 1 or self.samples[1] == 1):
+        some_guessed = not self.start.seconds or self.start.measured is not None
+        if some_guessed and (b > 1 or self.samples[1] == 1):
             self._follow_timed()
             self.shape += 1
 
@@ -223,7 +227,7 @@ class CostTracker:
         (DraftPolicy.choose), smaller ones are not: only those may be
         guessed high for good."""
         t = self.costs.target
-        timed = [b for b in range(1, len(t) + 1) if self.timed(b)]
+        timed = self.timed_sizes()
         if len(timed) < 2 or timed[0] != 1:
             return
         for b in range(2, len(t) + 1):
@@ -641,8 +645,8 @@ class DraftPolicy:
             if self.tracker.online and self.rounds_since_plain >= every:
                 k = 0
             elif self.tracker.online and every == self.BASELINE_EVERY and self.rounds_since_plain == every // 2:
-                # Untimed batch sizes cost what the line through the timed ones
-                # says: a guess, and a guess too high is never put to the test
+                # Untimed batch sizes past the timed ones cost what the line
+                # through the last two says: a guess, and a guess too high is never put to the test
                 # (a bench run kept K = 3 where fixed K = 8 ran 9% faster; in
                 # simulation 3 runs in 10 did, the worst at 0.80 of the best
                 # rate). One round in BASELINE_EVERY drafts up to the smallest
