@@ -3,7 +3,10 @@
 For each (V, K) and case, prints the median microseconds per call of
 specgguf, of the plain numpy reference (specgguf.reference) and of the floor
 (np.max streaming over the same number of bytes the op must read), with the
-ratios, all measured in this one run. Usage:
+ratios, all measured in this one run. Then the warp (logits to sampling
+probabilities) per row at V = 49152 (SmolLM2) and 262144 (Gemma 3) for each
+truncation setting, against the targets of 100 and 400 us a row, and the
+drafter-invariant race's pick per row. Usage:
 
     .venv/bin/python bench/verify_ops.py [--quick]
 """
@@ -17,7 +20,7 @@ import time
 import numpy as np
 
 import specgguf
-from specgguf import reference
+from specgguf import reference, sampling
 
 
 def median_us(fn, calls, repeats=15):
@@ -78,6 +81,28 @@ def cases(v, k, rng):
     return out
 
 
+WARPS = [("none (OpenAI default)", (0.8, 0, 1.0, 0.0)), ("top-k 40, top-p .95, min-p .05", (0.8, 40, 0.95, 0.05)),
+         ("top-p 0.95", (0.8, 0, 0.95, 0.0)), ("top-p 0.9, min-p 0.05", (0.8, 0, 0.9, 0.05)),
+         ("min-p 0.05", (0.8, 0, 1.0, 0.05)), ("top-k 1000", (0.8, 1000, 1.0, 0.0))]
+
+
+def warp_rows(rng, scale):
+    """Per-row warp time on LM-like rows (a few strong tokens over a long
+    tail; the nucleus at top-p 0.95 holds a few hundred tokens), and the
+    race's pick on the untruncated warp."""
+    print(f"\nwarp, one row, {specgguf.get_kernel()}: median us per row (target: 100 at V=49152, 400 at V=262144)")
+    for v, target in [(49152, 100), (262144, 400)]:
+        row = (rng.standard_normal((1, v)) * 2 + np.where(rng.random((1, v)) < 2e-3, 9.0, 0.0)).astype(np.float32)
+        calls = max(5, int((2000 if v < 100000 else 400) * scale))
+        for name, setting in WARPS:
+            t = median_us(lambda: sampling.warp(row, *setting), calls)
+            print(f"{v:>7}    {name:<32} {t:>8.1f}u {'ok' if t <= target else 'OVER'}")
+        w = sampling.warp(row, 0.8, 0, 1.0, 0.0)
+        pos = iter(range(10**9))
+        t = median_us(lambda: specgguf.verify.race_pick(w, 5, next(pos)), calls)
+        print(f"{v:>7}    {'race pick (untruncated row)':<32} {t:>8.1f}u")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer calls (a smoke run)")
@@ -97,6 +122,7 @@ def main():
             t_ref = median_us(ref, max(5, calls // 20))
             print(f"{v:>7} {k:>2} {name:<22} {t_ours:>8.1f}u {t_ref:>8.1f}u {floor:>7.1f}u "
                   f"{t_ref / t_ours:>9.1f}x {t_ours / floor:>9.2f}x")
+    warp_rows(rng, scale)
     # Call overhead: a tiny vocabulary, where the O(V) work is negligible.
     v, k = 1000, 4
     t = rng.random((k + 1, v), dtype=np.float32)

@@ -267,9 +267,10 @@ py::array_t<float> py_warp(py::handle logits, double temperature, long long top_
     std::size_t bad_row = n;
     {
         py::gil_scoped_release nogil;
-        std::vector<std::pair<float, std::uint32_t>> scratch;
+        const Kernels& kern = *g_kernel.load();
+        WarpScratch scratch;
         for (std::size_t r = 0; r < n && bad_row == n; ++r)
-            if (!warp_row(lg.data() + r * v, v, wp, out.mutable_data() + r * v, scratch)) bad_row = r;
+            if (!warp_row(kern, lg.data() + r * v, v, wp, out.mutable_data() + r * v, scratch)) bad_row = r;
     }
     if (bad_row != n)
         throw py::value_error("logits row " + std::to_string(bad_row) +

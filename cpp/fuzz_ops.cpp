@@ -77,16 +77,22 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         check(same(accept_onehot(*ks[i], target.data(), k, v, tok.data(), u.data(), s1.data()), o),
               "accept_onehot differs by path");
     }
-    std::vector<float> out(v);
-    std::vector<std::pair<float, std::uint32_t>> scratch;
+    std::vector<float> out(v), other(v);
+    WarpScratch scratch;
     const WarpParams wp{0.5 + (seed % 7) * 0.3, (std::size_t)(seed % 50), (seed % 11) / 10.0, (seed % 5) / 10.0};
-    if (warp_row(target.data(), v, wp, out.data(), scratch)) {
+    const std::size_t kept = warp_row(ref, target.data(), v, wp, out.data(), scratch);
+    if (kept) {
         double sum = 0;
         for (float x : out) {
             check(x >= 0.0f && x <= 1.0f, "warp produced a value outside [0, 1]");
             sum += x;
         }
         check(sum > 0.99 && sum < 1.01, "warp's probabilities do not sum to 1");
+    }
+    for (std::size_t i = 0; i < nk; ++i) {
+        const std::size_t kept_i = warp_row(*ks[i], target.data(), v, wp, other.data(), scratch);
+        check(kept_i == kept && (!kept || std::memcmp(out.data(), other.data(), v * sizeof(float)) == 0),
+              "warp differs by path");
     }
     return 0;
 }

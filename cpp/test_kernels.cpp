@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "verify.h"
+#include "warp.h"
 
 using namespace specgguf;
 
@@ -63,6 +64,21 @@ int main() {
                 b = accept_onehot(kern, t.data(), k, v, tok, u, s1.data());
                 check(a.status == b.status && a.n_accepted == b.n_accepted && a.token == b.token,
                       "accept_onehot", kern.name, v);
+            }
+            // The warp's exp, and whole warps at every truncation setting.
+            std::vector<float> lg(v), e0(v), e1(v), w0(v), w1(v);
+            for (auto& x : lg) x = unif(rng) < 0.05f ? -INFINITY : (unif(rng) - 0.5f) * 60.f;
+            lg[rng() % v] = 3.f;
+            ref.exp_row(lg.data(), v, 3.f, 1.7f, e0.data());
+            kern.exp_row(lg.data(), v, 3.f, 1.7f, e1.data());
+            check(std::memcmp(e0.data(), e1.data(), v * 4) == 0, "exp_row", kern.name, v);
+            const WarpParams settings[] = {{0.8, 0, 1.0, 0.0}, {0.8, 40, 0.95, 0.05}, {1.3, 0, 0.9, 0.0},
+                                           {0.5, 0, 1.0, 0.05}, {1.0, 2000, 0.99, 0.0}};
+            WarpScratch ws;
+            for (const WarpParams& wp : settings) {
+                const std::size_t n0 = warp_row(ref, lg.data(), v, wp, w0.data(), ws);
+                const std::size_t n1 = warp_row(kern, lg.data(), v, wp, w1.data(), ws);
+                check(n0 > 0 && n0 == n1 && std::memcmp(w0.data(), w1.data(), v * 4) == 0, "warp", kern.name, v);
             }
             // A NaN, +inf and a negative deep in the row are caught by every path.
             std::vector<float> bad(t.begin(), t.begin() + v);

@@ -67,7 +67,7 @@ float quick_sum_scalar(const float* x, std::size_t n, float* mn) {
 }
 
 const Kernels kScalar = {"scalar", argmax_scalar, chunk_sums_t<ScalarIsa>,
-                         residual_chunk_sums_t<ScalarIsa>, quick_sum_scalar};
+                         residual_chunk_sums_t<ScalarIsa>, quick_sum_scalar, exp_row_t<FloatLane>};
 
 double total(const double* chunks, std::size_t nc) {
     double s = 0.0;
@@ -316,7 +316,12 @@ std::int64_t race_pick(const float* w, std::size_t v, std::uint64_t seed, std::u
             return -1;
         }
         if (x > 0.0f) {
-            const double e = -std::log(to_unit(mix64(key ^ t))) / (double)x;
+            // -log(u) >= 1 - u (to an ulp in double), so a token whose bound
+            // already loses cannot win: skip its log. The 1e-12 margin covers
+            // log's rounding, so the pick is the one the full loop makes.
+            const double u = to_unit(mix64(key ^ t));
+            if (1.0 - u > best * (double)x * (1.0 + 1e-12)) continue;
+            const double e = -std::log(u) / (double)x;
             if (e < best) {
                 best = e;
                 pick = (std::int64_t)t;

@@ -49,6 +49,9 @@ struct Kernels {
     // *mn = min(x). Lets accept() decide most positions without the double
     // sums (see verify.cpp); never returned.
     float (*quick_sum)(const float* x, std::size_t n, float* mn);
+    // out[j] = E((x[j] - top) * scale), E the warp's float32 exp (warp.h):
+    // 0 where the argument is below -64 or -inf. Same bits on every path.
+    void (*exp_row)(const float* x, std::size_t n, float top, float scale, float* out);
 };
 
 // Folds kLanes accumulators in the canonical order (SIMD paths use it for a

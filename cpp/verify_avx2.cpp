@@ -51,9 +51,17 @@ struct Avx2Isa {
     static constexpr std::size_t kWidth = 8;
     static Vf splat(float x) { return _mm256_set1_ps(x); }
     static Vf load(const float* x) { return _mm256_loadu_ps(x); }
+    static void store(float* p, Vf x) { _mm256_storeu_ps(p, x); }
     static Vf add(Vf a, Vf b) { return _mm256_add_ps(a, b); }
+    static Vf sub(Vf a, Vf b) { return _mm256_sub_ps(a, b); }
+    static Vf mul(Vf a, Vf b) { return _mm256_mul_ps(a, b); }
     static Vf min(Vf a, Vf b) { return _mm256_min_ps(a, b); }
     static Vf max(Vf a, Vf b) { return _mm256_max_ps(a, b); }
+    static Vf pow2(Vf n) {
+        const __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(e, 23));
+    }
+    static Vf zero_below(Vf y, Vf x, Vf lim) { return _mm256_and_ps(y, _mm256_cmp_ps(x, lim, _CMP_GE_OQ)); }
     static Vf nan_or(Vf acc, Vf a, Vf b) { return _mm256_or_ps(acc, _mm256_cmp_ps(a, b, _CMP_UNORD_Q)); }
     static bool any(Vf m) { return _mm256_movemask_ps(m) != 0; }
     static float hsum(Vf v) {
@@ -81,7 +89,8 @@ struct Avx2Isa {
 std::size_t argmax_avx2_path(const float* x, std::size_t n, bool* bad) { return argmax_t<Avx2Isa>(x, n, bad); }
 
 extern const Kernels kAvx2Kernels = {"avx2", argmax_avx2_path, chunk_sums_t<Avx2Isa>,
-                                     residual_chunk_sums_t<Avx2Isa>, quick_sum_t<Avx2Isa>};
+                                     residual_chunk_sums_t<Avx2Isa>, quick_sum_t<Avx2Isa>,
+                                     exp_row_t<Avx2Isa>};
 
 }  // namespace specgguf
 #endif

@@ -56,8 +56,17 @@ struct Avx512Isa {
     static constexpr std::size_t kWidth = 16;
     static Vf splat(float x) { return _mm512_set1_ps(x); }
     static Vf load(const float* x) { return _mm512_loadu_ps(x); }
+    static void store(float* p, Vf x) { _mm512_storeu_ps(p, x); }
     static Vf add(Vf a, Vf b) { return _mm512_add_ps(a, b); }
+    static Vf sub(Vf a, Vf b) { return _mm512_sub_ps(a, b); }
+    static Vf mul(Vf a, Vf b) { return _mm512_mul_ps(a, b); }
     static Vf min(Vf a, Vf b) { return _mm512_min_ps(a, b); }
+    static Vf max(Vf a, Vf b) { return _mm512_max_ps(a, b); }
+    static Vf pow2(Vf n) {
+        const __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));
+    }
+    static Vf zero_below(Vf y, Vf x, Vf lim) { return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, lim, _CMP_GE_OQ), y); }
     static float hsum(Vf v) { return _mm512_reduce_add_ps(v); }
     static float hmin(Vf v) { return _mm512_reduce_min_ps(v); }
 };
@@ -65,7 +74,8 @@ struct Avx512Isa {
 }  // namespace
 
 extern const Kernels kAvx512Kernels = {"avx512", argmax_avx2_path, chunk_sums_t<Avx512Isa>,
-                                       residual_chunk_sums_t<Avx512Isa>, quick_sum_t<Avx512Isa>};
+                                       residual_chunk_sums_t<Avx512Isa>, quick_sum_t<Avx512Isa>,
+                                       exp_row_t<Avx512Isa>};
 
 }  // namespace specgguf
 #endif

@@ -55,7 +55,16 @@ struct NeonIsa {
     static constexpr std::size_t kWidth = 4;
     static Vf splat(float x) { return vdupq_n_f32(x); }
     static Vf load(const float* x) { return vld1q_f32(x); }
+    static void store(float* p, Vf x) { vst1q_f32(p, x); }
     static Vf add(Vf a, Vf b) { return vaddq_f32(a, b); }
+    static Vf sub(Vf a, Vf b) { return vsubq_f32(a, b); }
+    static Vf mul(Vf a, Vf b) { return vmulq_f32(a, b); }  // never vfmaq: an FMA rounds once
+    static Vf pow2(Vf n) {
+        return vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23));
+    }
+    static Vf zero_below(Vf y, Vf x, Vf lim) {
+        return vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(y), vcgeq_f32(x, lim)));
+    }
     static Vf min(Vf a, Vf b) { return vminq_f32(a, b); }  // NaN-propagating
     static Vf max(Vf a, Vf b) { return vmaxq_f32(a, b); }  // NaN-propagating: the chunk max shows it
     static Vf nan_or(Vf acc, Vf, Vf) { return acc; }
@@ -68,7 +77,8 @@ struct NeonIsa {
 }  // namespace
 
 extern const Kernels kNeonKernels = {"neon", argmax_t<NeonIsa>, chunk_sums_t<NeonIsa>,
-                                     residual_chunk_sums_t<NeonIsa>, quick_sum_t<NeonIsa>};
+                                     residual_chunk_sums_t<NeonIsa>, quick_sum_t<NeonIsa>,
+                                     exp_row_t<NeonIsa>};
 
 }  // namespace specgguf
 #endif

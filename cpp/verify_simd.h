@@ -22,15 +22,20 @@
 //   static double fold(Acc&);                          // the canonical fold (verify.h)
 //   static void spill(Acc&, double* lanes);            // lanes[l] = lane l
 //   static float min_value(const Min&);
-// and, for the float-vector kernels (quick_sum_t, argmax_t):
+// and, for the float-vector kernels (quick_sum_t, argmax_t, exp_row_t):
 //   using Vf; static constexpr std::size_t kWidth;     // floats per vector
-//   static Vf splat(float); static Vf load(const float*);
-//   static Vf add(Vf, Vf); static Vf min(Vf, Vf); static Vf max(Vf, Vf);
+//   static Vf splat(float); static Vf load(const float*); static void store(float*, Vf);
+//   static Vf add(Vf, Vf); static Vf sub(Vf, Vf); static Vf mul(Vf, Vf);
+//   static Vf min(Vf, Vf); static Vf max(Vf, Vf);
 //   static float hsum(Vf);  static float hmin(Vf); static float hmax(Vf);
 //   static Vf nan_or(Vf acc, Vf a, Vf b);              // acc | (a or b is NaN)
 //   static bool any(Vf);                               // any lane of a mask set
+//   static Vf pow2(Vf n);                              // 2^n, n integral in [-126, 127]
+//   static Vf zero_below(Vf y, Vf x, Vf lim);          // x >= lim ? y : 0, per lane
 #pragma once
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 
 #include "verify.h"
@@ -144,6 +149,63 @@ std::size_t argmax_t(const float* x, std::size_t n, bool* bad) {
     for (std::size_t j = best_chunk; j < end; ++j)
         if (x[j] == best) return j;
     return best_chunk;  // only reached for an all -inf row: index 0
+}
+
+// One float lane: the scalar path's exp_row and every SIMD path's tail.
+struct FloatLane {
+    using Vf = float;
+    static constexpr std::size_t kWidth = 1;
+    static Vf splat(float x) { return x; }
+    static Vf load(const float* x) { return *x; }
+    static void store(float* p, Vf x) { *p = x; }
+    static Vf add(Vf a, Vf b) { return a + b; }
+    static Vf sub(Vf a, Vf b) { return a - b; }
+    static Vf mul(Vf a, Vf b) { return a * b; }
+    static Vf max(Vf a, Vf b) { return a > b ? a : b; }
+    static Vf pow2(Vf n) {
+        const std::uint32_t bits = (std::uint32_t)((std::int32_t)n + 127) << 23;
+        float y;
+        std::memcpy(&y, &bits, sizeof y);
+        return y;
+    }
+    static Vf zero_below(Vf y, Vf x, Vf lim) { return x >= lim ? y : 0.0f; }
+};
+
+// E(x), the warp's exp (cpp/warp.h), on every lane: Cephes' expf (range
+// reduction by n = round(x log2 e) with ln 2 in two parts, a degree-5
+// polynomial, then 2^n), written with separately rounded adds and
+// multiplies only, so that every path returns the same bits. E(x) = 0 below
+// kExpFloor, which keeps every result, and every probability made from it,
+// a normal float: flush-to-zero modes cannot change a warp.
+constexpr float kExpFloor = -64.0f;
+
+template <class Isa>
+inline typename Isa::Vf exp_lanes(typename Isa::Vf x) {
+    using V = typename Isa::Vf;
+    const V lim = Isa::splat(kExpFloor);
+    const V xc = Isa::max(x, lim);  // -inf -> the floor; results there are zeroed below
+    const V magic = Isa::splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
+    const V n = Isa::sub(Isa::add(Isa::mul(xc, Isa::splat(1.44269504088896341f)), magic), magic);
+    V r = Isa::sub(xc, Isa::mul(n, Isa::splat(0.693359375f)));
+    r = Isa::sub(r, Isa::mul(n, Isa::splat(-2.12194440e-4f)));
+    V p = Isa::splat(1.9875691500e-4f);
+    p = Isa::add(Isa::mul(p, r), Isa::splat(1.3981999507e-3f));
+    p = Isa::add(Isa::mul(p, r), Isa::splat(8.3334519073e-3f));
+    p = Isa::add(Isa::mul(p, r), Isa::splat(4.1665795894e-2f));
+    p = Isa::add(Isa::mul(p, r), Isa::splat(1.6666665459e-1f));
+    p = Isa::add(Isa::mul(p, r), Isa::splat(5.0000001201e-1f));
+    const V y = Isa::add(Isa::add(Isa::mul(p, Isa::mul(r, r)), r), Isa::splat(1.0f));
+    return Isa::zero_below(Isa::mul(y, Isa::pow2(n)), x, lim);
+}
+
+// out[j] = E((x[j] - top) * scale) for j < n; -inf gives 0.
+template <class Isa>
+void exp_row_t(const float* x, std::size_t n, float top, float scale, float* out) {
+    constexpr std::size_t w = Isa::kWidth;
+    const typename Isa::Vf vt = Isa::splat(top), vs = Isa::splat(scale);
+    std::size_t j = 0;
+    for (; j + w <= n; j += w) Isa::store(out + j, exp_lanes<Isa>(Isa::mul(Isa::sub(Isa::load(x + j), vt), vs)));
+    for (; j < n; ++j) out[j] = exp_lanes<FloatLane>((x[j] - top) * scale);
 }
 
 }  // namespace

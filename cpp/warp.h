@@ -2,11 +2,33 @@
 // the draft's and the target's rows, which is what keeps p/q verification
 // exact. Order as llama-cpp-python's default chain: top-k, then top-p and
 // min-p on the softmax of the untempered survivors, then temperature.
+//
+// The definition, for one row l[0..v) (specgguf.reference.warp is the same in
+// numpy):
+//   * top = the largest logit; ranking = by logit, ties to the lower index;
+//     -inf logits are never kept.
+//   * E(x) = the kernels' float32 exp (Kernels::exp_row): within a few ulp of
+//     exp(x), and 0 for x < -64 (a ratio below 1.6e-28 to the top token).
+//   * top-k keeps the k best ranked; m_j = E(f32(l_j - top)) are the masses
+//     at temperature 1, and M their double sum over the top-k survivors.
+//   * top-p keeps the shortest ranked prefix whose cumulative m / M reaches
+//     top_p; min-p then keeps, of those, the tokens with m_j >= min_p.
+//   * p_j = e_j * f32(1 / W) on the kept tokens, with
+//     e_j = E(f32(f32(l_j - top) * f32(1 / temperature))) and W their double
+//     sum; 0 elsewhere.
+//
+// Cost: O(v). With no truncation: vector passes for the max, the exps, their
+// sum and the scaling. Min-p alone adds one exp pass and a select. Top-p
+// without top-k bins the tokens by distance below the top (1/16 octave a
+// bin) and sorts only the bin where the mass reaches top_p. Top-k is a heap
+// (k <= 1024; a selection beyond), then everything on the k survivors.
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <utility>
 #include <vector>
+
+#include "verify.h"
 
 namespace specgguf {
 
@@ -17,11 +39,20 @@ struct WarpParams {
     double min_p;        // in [0, 1]; 0: off
 };
 
+// Reusable buffers of warp_row, so a batch of rows allocates once.
+struct WarpScratch {
+    std::vector<std::pair<float, std::uint32_t>> cand;  // (logit, index), ranked
+    std::vector<float> a, b;                            // gathered logits, their exps
+    std::vector<float> m;                               // a row's masses at temperature 1
+    std::vector<double> bins;                           // mass per distance bin; chunk sums
+};
+
 // Writes all v entries of out: the kept tokens' probabilities (summing to 1
-// up to float rounding) and zeros elsewhere. Candidates are ordered by logit,
-// ties to the lower index. Returns the number of kept tokens; 0 means the row
-// has a NaN or +inf, or no finite logit (out is then unspecified).
-std::size_t warp_row(const float* logits, std::size_t v, const WarpParams& wp, float* out,
-                     std::vector<std::pair<float, std::uint32_t>>& scratch);
+// up to float rounding) and zeros elsewhere. Returns the number of tokens
+// the truncation kept (E may still give some of them 0); 0 means the row has
+// a NaN or +inf, or no finite logit (out is then unspecified). Same result
+// with every Kernels table.
+std::size_t warp_row(const Kernels& kern, const float* logits, std::size_t v, const WarpParams& wp,
+                     float* out, WarpScratch& s);
 
 }  // namespace specgguf

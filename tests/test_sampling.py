@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from specgguf import reference, sampling
+from specgguf import _core, reference, sampling
 
 
 @settings(max_examples=200, deadline=None)
@@ -40,6 +40,46 @@ def test_warp_rules():
     # min_p = 0.3 keeps tokens with p >= 0.3 * p_max: logits >= 3 + ln 0.3 = 1.80
     p = sampling.warp(l, 1.0, top_k=0, top_p=1.0, min_p=0.3)
     assert (p[0] > 0).tolist() == [True, False, True, False, True]
+
+
+WARPS = [(0.8, 0, 1.0, 0.0), (0.8, 40, 0.95, 0.05), (1.3, 0, 0.9, 0.0), (0.5, 0, 1.0, 0.05),
+         (0.7, 0, 0.95, 0.05), (1.0, 2000, 0.99, 0.0), (2.0, 0, 1.0, 0.0), (0.1, 0, 0.5, 0.0)]
+
+
+@pytest.mark.parametrize("setting", WARPS)
+def test_warp_at_a_real_vocabulary_size_is_the_reference_on_every_kernel(setting):
+    """V = 49152 (SmolLM2's): the O(V) paths (no top-k: the softmax, the
+    top-p bins, the min-p select; large top-k: selection) give the same bits
+    on every kernel path this CPU runs, and the reference's kept set and
+    probabilities."""
+    rng = np.random.default_rng(7)
+    v = 49152
+    peaked = rng.standard_normal(v) * 2 + np.where(rng.random(v) < 2e-3, 9.0, 0.0)  # a few strong tokens
+    flat = rng.standard_normal(v) * 3                                                # a wide nucleus
+    logits = np.stack([peaked, flat]).astype(np.float32)
+    logits[:, ::97] = -np.inf
+    want = reference.warp(logits, *setting)
+    before = _core.get_kernel()
+    try:
+        outs = {}
+        for name in _core.kernels():
+            _core.set_kernel(name)
+            outs[name] = sampling.warp(logits, *setting)
+    finally:
+        _core.set_kernel(before)
+    got = outs["scalar"]
+    for name, out in outs.items():
+        np.testing.assert_array_equal(out, got, err_msg=f"kernel {name} differs from scalar")
+    np.testing.assert_array_equal(got > 0, want > 0)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-12)
+
+
+def test_warp_signed_zero_logits_tie():
+    """-0.0 and +0.0 tie (ordered by index); a -0.0 top once put +0.0 a bin past the end."""
+    l = np.array([[-0.0, 0.0, 0.0, -1.0]], np.float32)
+    p = sampling.warp(l, 0.1, top_k=0, top_p=0.5, min_p=0.0)
+    np.testing.assert_allclose(p, [[0.5, 0.5, 0.0, 0.0]])
+    np.testing.assert_array_equal(p, reference.warp(l, 0.1, 0, 0.5, 0.0))
 
 
 @pytest.mark.parametrize("kwargs,msg", [

@@ -98,12 +98,23 @@ def accept_onehot_uniforms(target_probs: np.ndarray, draft_tokens: Sequence[int]
     return accept_uniforms(target, onehot, draft_tokens, uniforms)
 
 
+def exp_floor(x: np.ndarray) -> np.ndarray:
+    """E, the warp's exp (``cpp/warp.h``): ``exp`` of float32 arguments, as
+    float32, and 0 below -64 (where the compiled one stops, so every
+    probability stays a normal float). The compiled E is a float polynomial
+    within a few ulp of this."""
+    x = np.asarray(x, dtype=np.float32)
+    return np.where(x >= np.float32(-64.0), np.exp(x.astype(np.float64)), 0.0).astype(np.float32)
+
+
 def warp(logits: np.ndarray, temperature: float, top_k: int = 40, top_p: float = 0.95,
          min_p: float = 0.05) -> np.ndarray:
-    """Reference of :func:`specgguf.sampling.warp`: ``[n, V]`` logits -> probabilities."""
+    """Reference of :func:`specgguf.sampling.warp`: ``[n, V]`` logits -> probabilities,
+    by the definition in ``cpp/warp.h`` (float32 arguments, float32 results)."""
     logits = np.asarray(logits, dtype=np.float32)
     n, v = logits.shape
     out = np.zeros((n, v), dtype=np.float32)
+    inv_t = np.float32(1.0 / temperature)
     for r in range(n):
         row = logits[r]
         if np.isnan(row).any() or np.isposinf(row).any() or not np.isfinite(row).any():
@@ -112,15 +123,14 @@ def warp(logits: np.ndarray, temperature: float, top_k: int = 40, top_p: float =
         order = order[np.isfinite(row[order])]
         if 0 < top_k < v:
             order = order[:top_k]
-        vals = row[order].astype(np.float64)
-        e = np.exp(vals - vals[0])
-        keep = len(e)
+        vals = row[order]
+        m = exp_floor(vals - vals[0])  # masses at temperature 1
+        keep = len(m)
         if top_p < 1.0:
-            keep = min(keep, int(np.searchsorted(np.cumsum(e / e.sum()), top_p)) + 1)
-        if min_p > 0.0:
-            keep = min(keep, max(1, int(np.count_nonzero(e >= min_p))))
-        w = np.exp((vals[:keep] - vals[0]) / temperature)
-        out[r, order[:keep]] = w / w.sum()
+            keep = min(keep, int(np.searchsorted(np.cumsum(m / m.astype(np.float64).sum()), top_p)) + 1)
+        kept = order[:keep][m[:keep] >= min_p]  # min-p: m >= min_p (the top's m is 1)
+        e = exp_floor((row[kept] - vals[0]) * inv_t)
+        out[r, kept] = e * np.float32(1.0 / e.astype(np.float64).sum())
     return out
 
 
