@@ -11,6 +11,7 @@ import warnings
 
 import pytest
 
+from specgguf import state
 from specgguf.state import PairState, Store, cache_root, state_dir
 
 
@@ -47,14 +48,59 @@ def test_files_are_identified_by_content(tmp_path):
     store = Store(tmp_path / "state")
     a = tmp_path / "a.gguf"
     a.write_bytes(b"GGUF one")
-    digest = store.file_sha256(a)
+    digest = store.file_id(a)
     b = tmp_path / "renamed.gguf"
     shutil.copyfile(a, b)
-    assert store.file_sha256(b) == digest  # same content, other name: the same identity
+    assert store.file_id(b) == digest  # same content, other name: the same identity
     a.write_bytes(b"GGUF two, replaced on disk")  # replaced after its state was stored
     os.utime(a, ns=(1, 1))
-    assert store.file_sha256(a) != digest
-    assert Store(tmp_path / "state").file_sha256(b) == digest  # a later process reads the record
+    assert store.file_id(a) != digest
+    assert Store(tmp_path / "state").file_id(b) == digest  # a later process reads the record
+
+
+def test_a_large_file_is_identified_by_its_head_and_sampled_blocks(tmp_path, monkeypatch):
+    """A change in the header or in a sampled block changes the identity;
+    reading it costs about 10 MiB whatever the size (a 64 MiB file here)."""
+    size = 64 << 20
+    path = tmp_path / "big.gguf"
+    with open(path, "wb") as f:
+        f.truncate(size)
+    base = state.content_id(path)
+    assert base.startswith(f"{size}:")
+    touched = [100, state.ID_HEAD + (size - state.ID_HEAD - state.ID_BLOCK) // state.ID_BLOCKS, size - 1]
+    for offset in touched:
+        with open(path, "r+b") as f:
+            f.seek(offset)
+            f.write(b"\x01")
+        assert state.content_id(path) != base, offset
+        with open(path, "r+b") as f:
+            f.seek(offset)
+            f.write(b"\x00")
+    assert state.content_id(path) == base
+    files = []
+
+    class Counting:  # the file content_id opens, counting the bytes it reads
+        def __init__(self, *args):
+            self.f, self.n = open(*args), 0
+            files.append(self)
+
+        def read(self, size=-1):
+            data = self.f.read(size)
+            self.n += len(data)
+            return data
+
+        def seek(self, offset):
+            return self.f.seek(offset)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    monkeypatch.setattr(state, "open", Counting, raising=False)
+    state.content_id(path)
+    assert sum(f.n for f in files) == state.ID_HEAD + state.ID_BLOCKS * state.ID_BLOCK
 
 
 WORKER = textwrap.dedent("""

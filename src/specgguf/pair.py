@@ -89,7 +89,7 @@ class ModelPair:
 
     @staticmethod
     def _state(store: Store, paths: List[Path], load: _Loader, model_free: bool) -> PairState:
-        ids = [store.file_sha256(p) for p in paths] + (["ngram"] if model_free else [])
+        ids = [store.file_id(p) for p in paths] + (["ngram"] if model_free else [])
         machine = machine_id(load.n_threads) + (f"|{load.workers.key()}" if load.workers else "")
         return PairState(store, "+".join(ids), machine)
 
