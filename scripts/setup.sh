@@ -31,23 +31,7 @@ PY=${SPECGGUF_PYTHON:-python3}
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/specgguf"
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
 
-case "$(uname -m)" in
-  x86_64|amd64)
-    flags="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF -DGGML_RPC=ON"
-    has() { grep -qw "$1" /proc/cpuinfo; }
-    if has avx2; then
-      flags="$flags -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
-      # What -march=native would add, minus AMX: batched F32 forwards (the
-      # target's verification) run about 10% faster with AVX-512 here.
-      if has avx512f && has avx512cd && has avx512vl && has avx512dq && has avx512bw; then
-        flags="$flags -DGGML_AVX512=ON"
-        if has avx512vbmi; then flags="$flags -DGGML_AVX512_VBMI=ON"; fi
-        if has avx512_vnni; then flags="$flags -DGGML_AVX512_VNNI=ON"; fi
-      fi
-    fi ;;
-  *)  # aarch64 boards and everything else: native is right (NEON, dotprod where present)
-    flags="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DGGML_RPC=ON" ;;
-esac
+flags=$(bash scripts/llama_flags.sh)  # the CPU flags, chosen in one place
 
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 VPY="$VENV/bin/python"

@@ -1,0 +1,216 @@
+"""specgguf serve against llama.cpp's own llama-server, side by side.
+
+The yardstick for speed: the peer a user would run instead of specgguf,
+built from the same llama.cpp (the pinned llama-cpp-python sdist, same CPU
+flags; scripts/build_llama_server.sh), the same model files, threads and
+context per slot, on loopback. Configurations:
+
+  llama-server            no draft
+  llama-server -md        the same draft model, --spec-draft-n-max N
+  specgguf serve          its defaults (k="auto"), a fresh state folder per process
+  specgguf serve -k 0     plain decoding through specgguf
+
+Each configuration runs in several fresh processes, taken in turns (A B C D
+A B C D ...), because identical fresh processes differ by up to 20% here: a
+figure from one process is not a measurement. In each process, after one
+warm-up request, C concurrent clients (for each C asked for) send chat
+completions of --tokens tokens that set only max_tokens, temperature and a
+per-request seed, as a plain OpenAI client does; the servers apply their own
+defaults to everything else (llama-server: top-k 40, top-p 0.95, min-p 0.05;
+specgguf: no truncation, what the OpenAI API means). Reported per
+configuration: aggregate completion tokens/s (median over processes, and the
+range), median request latency, and the ratio to llama-server's best
+configuration at that load, from the same sitting.
+
+Regime: whatever pair is given (the default SmolLM2 pair: an F32 135M target
+whose draft costs about half a target step, so drafting's ceiling is
+1.2-1.4x here; a board's 1-8B target is the regime the project is for).
+
+    .venv/bin/python bench/vs_llama_server.py [--procs 3] [--clients 1,2,4,8]
+        [--temps 0,0.8] [--tokens 128] [--configs ls,ls-draft,sg,sg-k0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPTS = [
+    "Write a detailed essay about the history of the printing press.",
+    "Explain, step by step, how a bicycle stays upright while moving.",
+    "Write a short story about a robot who learns to paint.",
+    "Describe how a compiler turns source code into a running program.",
+    "Write a letter to a friend about a trip to the mountains.",
+    "Explain why the seasons change over the course of a year.",
+    "Give a beginner's guide to growing tomatoes on a balcony.",
+    "Tell the story of a lighthouse keeper during a storm.",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def llama_server_binary() -> str:
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "build_llama_server.sh")], check=True,
+                         stdout=subprocess.PIPE, text=True)
+    return out.stdout.strip().splitlines()[-1]
+
+
+def command(config: str, port: int, target: Path, draft: Path, args, n_slots: int) -> list:
+    """The command line of one configuration, listening on 127.0.0.1:port."""
+    t = str(args.threads)
+    if config.startswith("ls"):
+        cmd = [args.llama_server, "-m", str(target), "-t", t, "-tb", t, "-c", str(args.ctx * n_slots),
+               "-np", str(n_slots), "--host", "127.0.0.1", "--port", str(port), "--no-webui"]
+        if config == "ls-draft":
+            cmd += ["-md", str(draft), "-td", t, "--spec-draft-n-max", str(args.draft_n_max)]
+        return cmd
+    cmd = [sys.executable, "-m", "specgguf", "serve", "--target", str(target), "--draft", str(draft),
+           "--threads", t, "--ctx", str(args.ctx), "--port", str(port)]
+    return cmd + (["-k", "0"] if config == "sg-k0" else [])
+
+
+def start(cmd: list, url: str, env: dict, client: httpx.Client) -> subprocess.Popen:
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            log.seek(0)
+            tail = log.read().decode(errors="replace")[-2000:]
+            raise RuntimeError(f"{Path(cmd[0]).name} exited with {proc.returncode}:\n{tail}")
+        try:
+            if client.get(url + "/health", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"{cmd[:3]} did not become healthy in 300 s")
+
+
+def request(client: httpx.Client, url: str, prompt: str, tokens: int, temp: float, seed: int):
+    """(completion tokens, seconds) of one chat completion."""
+    body = {"model": "m", "messages": [{"role": "user", "content": prompt}], "max_tokens": tokens,
+            "temperature": temp, "seed": seed}
+    t0 = time.perf_counter()
+    r = client.post(url + "/v1/chat/completions", json=body)
+    r.raise_for_status()
+    return r.json()["usage"]["completion_tokens"], time.perf_counter() - t0
+
+
+def load(client: httpx.Client, url: str, n_clients: int, per_client: int, tokens: int, temp: float, seed: int):
+    """(aggregate tok/s, median latency s): n_clients clients, each sending
+    per_client requests one after another, all clients at once."""
+    def one_client(c: int):
+        return [request(client, url, PROMPTS[(c + i * n_clients) % len(PROMPTS)], tokens, temp,
+                        seed + 1000 * c + i) for i in range(per_client)]
+    t0 = time.perf_counter()
+    with cf.ThreadPoolExecutor(n_clients) as pool:
+        done = [r for rs in pool.map(one_client, range(n_clients)) for r in rs]
+    wall = time.perf_counter() - t0
+    return sum(n for n, _ in done) / wall, statistics.median(s for _, s in done)
+
+
+def one_process(config: str, temp: float, args, target: Path, draft: Path, rep: int) -> dict:
+    """{n_clients: (tok/s, latency)} from one fresh server process."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    state = tempfile.mkdtemp(prefix="specgguf-bench-state-")  # a new user's state: empty
+    env = dict(os.environ, SPECGGUF_STATE=state)
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    with httpx.Client(timeout=600, limits=limits) as client:
+        proc = start(command(config, port, target, draft, args, max(args.clients)), url, env, client)
+        try:
+            request(client, url, "Hello!", 16, temp, 7)  # warm-up: first-touch of the weights
+            return {c: load(client, url, c, args.per_client, args.tokens, temp, 100 * rep)
+                    for c in args.clients}
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            shutil.rmtree(state, ignore_errors=True)
+
+
+def report(results: dict, args) -> None:
+    names = {"ls": "llama-server, no draft", "ls-draft": f"llama-server -md, n-max {args.draft_n_max}",
+             "sg": "specgguf serve (defaults, fresh state)", "sg-k0": "specgguf serve -k 0"}
+    for temp in args.temps:
+        print(f"\n### temperature {temp:g}: aggregate tok/s over {args.procs} fresh processes each\n")
+        print("| clients | configuration | tok/s median | range | latency median | vs llama-server best |")
+        print("|---|---|---|---|---|---|")
+        for c in args.clients:
+            med = {cfg: statistics.median(r[c][0] for r in results[cfg, temp]) for cfg in args.configs
+                   if (cfg, temp) in results}
+            ls_best = max((v for k, v in med.items() if k.startswith("ls")), default=None)
+            for cfg in args.configs:
+                runs = results.get((cfg, temp))
+                if not runs:
+                    continue
+                tps = [r[c][0] for r in runs]
+                lat = statistics.median(r[c][1] for r in runs)
+                ratio = f"{med[cfg] / ls_best:.2f}x" if ls_best else "-"
+                print(f"| {c} | {names[cfg]} | {med[cfg]:.1f} | {min(tps):.1f}-{max(tps):.1f} | "
+                      f"{lat:.2f} s | {ratio} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--target", help="target GGUF (default: the default pair's)")
+    ap.add_argument("--draft", help="draft GGUF (default: the default pair's)")
+    ap.add_argument("--procs", type=int, default=3, help="fresh processes per configuration and temperature (3)")
+    ap.add_argument("--clients", default="1,2,4,8", help="concurrent client counts, comma-separated (1,2,4,8)")
+    ap.add_argument("--per-client", type=int, default=2, help="requests per client per measurement (2)")
+    ap.add_argument("--temps", default="0,0.8", help="temperatures, comma-separated (0,0.8)")
+    ap.add_argument("--tokens", type=int, default=128, help="max_tokens per request (128)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads (every core)")
+    ap.add_argument("--ctx", type=int, default=2048, help="context per slot (2048)")
+    ap.add_argument("--draft-n-max", type=int, default=4, help="llama-server's --spec-draft-n-max (4)")
+    ap.add_argument("--configs", default="ls,ls-draft,sg,sg-k0", help="which configurations (all four)")
+    ap.add_argument("--llama-server", help="a llama-server binary (default: build it from the pinned sdist)")
+    args = ap.parse_args()
+    args.clients = sorted({int(c) for c in args.clients.split(",")})
+    args.temps = [float(t) for t in args.temps.split(",")]
+    args.configs = [c for c in args.configs.split(",") if c]
+    if unknown := set(args.configs) - {"ls", "ls-draft", "sg", "sg-k0"}:
+        ap.error(f"unknown configurations: {sorted(unknown)}")
+    from specgguf import models
+    tname, dname = models.default_pair()
+    target = Path(args.target) if args.target else models.fetch(tname)
+    draft = Path(args.draft) if args.draft else models.fetch(dname)
+    if any(c.startswith("ls") for c in args.configs):
+        args.llama_server = args.llama_server or llama_server_binary()
+    print(f"target {target.name}, draft {draft.name}, {args.threads} threads, {args.tokens}-token chat "
+          f"completions, clients {args.clients} x {args.per_client} requests, {args.procs} fresh processes per "
+          f"configuration, taken in turns; loopback", flush=True)
+    results: dict = {}
+    for rep in range(args.procs):
+        for temp in args.temps:
+            for cfg in args.configs:
+                got = one_process(cfg, temp, args, target, draft, rep)
+                results.setdefault((cfg, temp), []).append(got)
+                print(f"  process {rep + 1}, T={temp:g}, {cfg}: " +
+                      ", ".join(f"{c} clients {got[c][0]:.1f} tok/s" for c in args.clients), flush=True)
+    report(results, args)
+
+
+if __name__ == "__main__":
+    main()
