@@ -34,8 +34,9 @@ class _Loader:
     """How this pair's models are loaded: context, threads, logs, workers."""
 
     def __init__(self, n_ctx: int, n_threads: Optional[int], verbose: bool, workers: Optional[Workers],
-                 tensor_split: Optional[Sequence[float]]) -> None:
+                 tensor_split: Optional[Sequence[float]], flash_attn: bool) -> None:
         self.n_ctx, self.verbose, self.workers, self.split = n_ctx, verbose, workers, tensor_split
+        self.flash_attn = flash_attn
         self.n_threads = n_threads or os.cpu_count() or 1
 
     def llama(self, model: ModelLike, remote: bool):
@@ -45,7 +46,7 @@ class _Loader:
         path = resolve_model(os.fspath(model))
         if remote and self.workers:  # the weights go to the workers; here, the vocabulary only
             return load_llama(path, self.n_ctx, 1, self.verbose, vocab_only=True), path
-        return load_llama(path, self.n_ctx, self.n_threads, self.verbose), path
+        return load_llama(path, self.n_ctx, self.n_threads, self.verbose, self.flash_attn), path
 
     def model(self, llm, path: Path, width: int, remote: bool):
         if remote and self.workers:
@@ -62,14 +63,15 @@ class ModelPair:
     def __init__(self, target: ModelLike, draft: ModelLike, *, ngram: bool = False, n_ctx: int = 2048,
                  n_threads: Optional[int] = None, verbose: bool = False,
                  rpc: Union[None, str, Sequence[str]] = None, draft_rpc: bool = False,
-                 tensor_split: Optional[Sequence[float]] = None, store: Optional[Store] = None) -> None:
+                 tensor_split: Optional[Sequence[float]] = None, store: Optional[Store] = None,
+                 flash_attn: bool = True) -> None:
         model_free = isinstance(draft, str) and draft == "ngram"
         if ngram and model_free:
             raise ValueError("ngram=True adds a prompt lookup in front of a draft model; draft='ngram' already is one")
         workers = Workers.parse(rpc)
         if workers:
             workers.check()  # an unreachable or mismatched worker, named, before anything loads
-        load = _Loader(n_ctx, n_threads, verbose, workers, tensor_split)
+        load = _Loader(n_ctx, n_threads, verbose, workers, tensor_split, flash_attn)
         self.names = (_name(target), "ngram" if model_free else _name(draft))
         self.owns = not isinstance(target, llama_cpp.Llama)  # models loaded here keep their KV cache
         self.target_llm, tpath = load.llama(target, remote=True)
