@@ -6,6 +6,8 @@ user's ``~/.cache/specgguf/state``. Models are read from the user's model
 cache (scripts/setup.sh fetched them), never written there.
 """
 
+import os
+
 import numpy as np
 import pytest
 from scipy import stats
@@ -13,6 +15,27 @@ from scipy import stats
 import specgguf
 
 ALPHA = 1e-3  # significance of the chi-square tests (each at a fixed seed)
+
+# On CI (CI=true) every test must run: a missing dependency (llama_cpp,
+# openai, the rpc-server binary) skips whole files, which would pass a broken
+# set-up. Only these may skip there, each for a reason CI cannot change.
+CI_MAY_SKIP = {
+    "tests/test_verify_exact.py::test_torch_tensors",  # torch is not installed: too large for CI
+}
+_CI_SKIPS: list = []
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and os.environ.get("CI") == "true":
+        name = report.nodeid.split("[")[0]
+        if name not in CI_MAY_SKIP:
+            _CI_SKIPS.append(f"{report.nodeid}: {report.longrepr[-1] if isinstance(report.longrepr, tuple) else report.longrepr}")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _CI_SKIPS:
+        print("\nconftest: on CI these tests skipped, and only CI_MAY_SKIP may:\n  " + "\n  ".join(_CI_SKIPS[:20]))
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def _snapshot(root):
@@ -73,8 +96,9 @@ def chi2_pvalue(counts, probs):
     if acc_e > 0 and exp_b:
         obs_b[-1] += acc_o
         exp_b[-1] += acc_e
-    if len(obs_b) < 2:
-        return 1.0
+    if len(obs_b) < 2:  # a test that cannot fail is a defect: ask for more draws
+        raise ValueError(f"{n:.0f} draws leave fewer than two bins with an expected count of 5: "
+                         "too few for a chi-square test")
     exp_b = np.array(exp_b) * (n / np.sum(exp_b))  # float rounding of the law
     return stats.chisquare(obs_b, exp_b).pvalue
 

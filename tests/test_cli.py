@@ -27,7 +27,7 @@ def cli(*args, **kw):
 
 
 def test_argument_errors_are_one_line():
-    for args, msg in ((["--temp", "-1", "-p", "hi"], "must be >= 0"),
+    for args, msg in ((["--temp", "-1", "-p", "hi"], "must be a finite number >= 0.0"),
                       (["--ctx", "100", "-p", "hi"], "must be >= 256"),
                       (["-k", "two", "-p", "hi"], "is not a valid int"),
                       (["--frobnicate"], "unrecognized arguments"),

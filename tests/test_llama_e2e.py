@@ -427,3 +427,13 @@ def test_a_catch_up_reads_back_the_drafts_agreement_on_the_tokens_it_skipped(tar
     assert drafter.propose(seq[:len(ids) + 3], 1).catchup[1] == 3
     t.reset()
     d.reset()
+
+
+def test_generation_settings_given_at_construction_are_the_objects_defaults(target, draft):
+    """SpeculativeLlama(t, d, k=0) once raised ModelPair's TypeError about 'k'."""
+    llm = specgguf.SpeculativeLlama(target, draft, k=0, max_tokens=12)
+    assert llm.defaults.k == 0 and llm.defaults.max_tokens == 12
+    r = llm.generate(msgs(PROMPTS[0]))
+    assert r.stats["drafted"] == 0 and 0 < r.stats["completion_tokens"] <= 12
+    with pytest.raises(TypeError, match="unknown argument.*n_ctxx.*load options.*n_ctx"):
+        specgguf.SpeculativeLlama(target, draft, n_ctxx=512)

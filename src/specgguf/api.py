@@ -10,11 +10,12 @@ text and decides where the output ends.
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
 import llama_cpp
@@ -22,7 +23,7 @@ import llama_cpp
 from .completions import CompletionMethods
 from .config import GenerationConfig
 from .decoder import SpeculativeDecoder
-from .learning import K_MAX, Learning
+from .learning import AUTO_K_MAX, Learning
 from .llama_adapter import calibrate, measure_acceptance
 from .llama_model import InUse, ModelLike
 from .pair import ModelPair
@@ -44,6 +45,10 @@ class GenerationResult:
     stats: Dict[str, Any] = field(default_factory=dict)
 
 
+_SETTINGS = frozenset(f.name for f in fields(GenerationConfig))
+_LOAD_OPTIONS = frozenset(p for p in inspect.signature(ModelPair.__init__).parameters if p not in ("self", "target", "draft"))
+
+
 class SpeculativeLlama(CompletionMethods):
     """A loaded target/draft pair for generating many times without reloading.
 
@@ -55,12 +60,18 @@ class SpeculativeLlama(CompletionMethods):
         n_ctx: context window for models loaded here (>= 256).
         n_threads: threads for models loaded here (None: every core).
         verbose: let llama.cpp print its logs.
+        flash_attn: llama.cpp's flash attention for models loaded here (on,
+            as llama-server's default on a CPU: about 5% faster per token;
+            see :func:`~specgguf.llama_model.load_llama`).
         rpc: ``"host:port,host:port"`` (or a list) of llama.cpp ``rpc-server``
             workers to put the target's layers on (see the README).
         draft_rpc: put the draft on the workers too (default: local).
         tensor_split: the share of layers per worker (default: by free memory).
         config: default :class:`GenerationConfig` for this object's calls.
         store: where learned state lives (default: :func:`specgguf.state.state_dir`).
+        **settings: generation settings (``max_tokens``, ``temperature``,
+            ``k``, ... as :class:`GenerationConfig`) that become this object's
+            defaults, e.g. ``SpeculativeLlama(t, d, k=0)``.
 
     One generation runs at a time: a call from another thread waits for the
     running one (see :class:`InUse`). Models loaded here keep their KV cache
@@ -70,9 +81,14 @@ class SpeculativeLlama(CompletionMethods):
     """
 
     def __init__(self, target: ModelLike, draft: ModelLike, *, config: Optional[GenerationConfig] = None,
-                 **load) -> None:
-        self.defaults = GenerationConfig.from_kwargs(config)
-        self.pair = ModelPair(target, draft, **load)
+                 **kwargs) -> None:
+        settings = {name: kwargs.pop(name) for name in list(kwargs) if name in _SETTINGS}
+        unknown = sorted(set(kwargs) - _LOAD_OPTIONS)
+        if unknown:
+            raise TypeError(f"SpeculativeLlama got unknown argument(s) {', '.join(unknown)}; load options: "
+                            f"{', '.join(sorted(_LOAD_OPTIONS))}; generation settings: {', '.join(sorted(_SETTINGS))}")
+        self.defaults = GenerationConfig.from_kwargs(config, **settings)
+        self.pair = ModelPair(target, draft, **kwargs)
         self.names = self.pair.names
         self.learning = Learning(self.pair.state, self.pair.draft_model is None)
         self.guard = InUse("SpeculativeLlama")
@@ -178,7 +194,7 @@ class SpeculativeLlama(CompletionMethods):
         with self.guard:
             say(f"timing the forwards of {self.names[0]} and {self.names[1]} ...")
             target, draft = self.pair.target.model, self.pair.draft_model
-            costs = calibrate(target, draft.model if draft else None, K_MAX)
+            costs = calibrate(target, draft.model if draft else None, AUTO_K_MAX)
             acceptance = None
             if draft is not None:
                 say("measuring the draft's acceptance on a fixed text ...")

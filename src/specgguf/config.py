@@ -10,31 +10,12 @@ it names, the draft policy reads ``k`` and ``p_min``. Bad values raise
 
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass, fields, replace
 from typing import Optional, Sequence, Tuple, Union
 
-K_MAX = 32  # the largest draft length accepted; k="auto" considers up to DraftPolicy's k_max
+from .checks import check_int as _int, check_p_min, check_real as _float
 
-
-def _int(name: str, value: object, low: int, high: Optional[int] = None) -> int:
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < low or (high is not None and value > high):
-        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise ValueError(f"{name} must be {bound}, got {value}")
-    return int(value)
-
-
-def _float(name: str, value: object, low: float, high: float = math.inf) -> float:
-    if not isinstance(value, numbers.Real) or isinstance(value, bool):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    v = float(value)
-    if not (low <= v <= high) or math.isnan(v) or math.isinf(v):
-        bound = f">= {low}" if high == math.inf else f"in [{low}, {high}]"
-        raise ValueError(f"{name} must be a finite number {bound}, got {value}")
-    return v
+K_MAX = 32  # the largest fixed draft length accepted (k="auto" considers up to learning.AUTO_K_MAX)
 
 
 def _stops(value: object) -> Tuple[str, ...]:
@@ -91,10 +72,7 @@ class GenerationConfig:
             if isinstance(self.k, str):
                 raise ValueError(f"k must be an int >= 0 or 'auto', got {self.k!r}")
             set_("k", _int("k", self.k, 0, K_MAX))
-        if self.p_min is not None and self.p_min != "auto":
-            if isinstance(self.p_min, str):
-                raise ValueError(f"p_min must be None, 'auto' or a number in [0, 1], got {self.p_min!r}")
-            set_("p_min", _float("p_min", self.p_min, 0.0, 1.0))
+        set_("p_min", check_p_min(self.p_min))
         if self.p_min == "auto" and self.k != "auto":
             raise ValueError("p_min='auto' is learned by the automatic draft length: use it with k='auto'")
         if self.seed is not None:

@@ -17,13 +17,13 @@ be None; sampling, both must be the models' warped distributions
 
 from __future__ import annotations
 
-import numbers
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Union
 
 import numpy as np
 
+from .checks import check_int, check_p_min
 from .drafter import Draft, Drafter, CallbackDrafter
 from .policy import DraftPolicy
 from .sampling import Sampler
@@ -105,14 +105,6 @@ class DecoderStats:
         }
 
 
-def _check_count(name: str, value: object, low: int) -> int:
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < low:
-        raise ValueError(f"{name} must be >= {low}, got {value}")
-    return int(value)
-
-
 class SpeculativeDecoder:
     """Speculative decoding over a drafter and a target callback (module docstring).
 
@@ -155,12 +147,10 @@ class SpeculativeDecoder:
             self.policy = DraftPolicy(online_costs=online, p_min=p_min)
         elif isinstance(k, str):
             raise ValueError(f"k must be an int >= 0, 'auto' or a DraftPolicy, got {k!r}")
-        self.k = self.policy.k_max if self.policy else _check_count("k", k, 0)
+        self.k = self.policy.k_max if self.policy else check_int("k", k, 0)
+        self.p_min = check_p_min(p_min)
         if p_min == "auto" and self.policy is None:
             raise ValueError("p_min='auto' is learned by the draft policy: use it with k='auto'")
-        if p_min is not None and p_min != "auto" and not 0.0 <= float(p_min) <= 1.0:
-            raise ValueError(f"p_min must be None, 'auto' or in [0, 1], got {p_min!r}")
-        self.p_min = p_min
         self.plain_first = plain_first
         self.stats = DecoderStats()
 
@@ -179,7 +169,7 @@ class SpeculativeDecoder:
         prefix = [int(t) for t in prompt_ids]
         if not prefix:
             raise ValueError("prompt_ids must hold at least one token")
-        max_new = _check_count("max_new", max_new, 0)
+        max_new = check_int("max_new", max_new, 0)
         self.stats = DecoderStats()
         return self._rounds(prefix, max_new, frozenset(int(t) for t in stop_tokens))
 

@@ -33,7 +33,7 @@ import numpy as np
 from llama_cpp.llama_speculative import LlamaDraftModel
 
 from .drafter import Draft, common_prefix
-from .learning import K_MAX
+from .learning import AUTO_K_MAX
 from .llama_adapter import ModelDrafter
 from .llama_model import InUse, LlamaModel, ModelLike, check_vocab, load_llama
 from .models import resolve_model
@@ -97,7 +97,7 @@ class DraftModel(LlamaDraftModel):
         """Empty the KV cache, forget the last round, zero the stats."""
         with self.guard:
             self.model.reset()
-            self.policy = DraftPolicy(K_MAX, online_costs=True) if self.k == "auto" else None
+            self.policy = DraftPolicy(AUTO_K_MAX, online_costs=True) if self.k == "auto" else None
             self.last: Optional[_Round] = None
             self._stats: Dict[str, object] = {"calls": 0, "drafted": 0, "accepted": 0, "k_hist": {},
                                               "draft_seconds": 0.0}

@@ -31,7 +31,7 @@ from .config import GenerationConfig
 from .policy import CostModel, DraftPolicy, merge_evidence
 from .state import PairState
 
-K_MAX = 8  # the largest draft length k="auto" considers
+AUTO_K_MAX = 8  # the largest draft length k="auto" considers
 NGRAM_PROBE_EVERY = 4  # an n-gram probe costs no catch-up: after one early miss on a copy-heavy
                        # prompt, waiting DraftPolicy.PROBE_EVERY (16) rounds cost the first call
                        # a third of its speed-up
@@ -92,7 +92,7 @@ class Learning:
         policy = self.policies.get(regime)
         if frozen or policy is None or policy.p_min_setting != config.p_min:
             prior = self.prior(config)
-            policy = DraftPolicy(K_MAX, self._costs(), online_costs=not frozen, p_min=config.p_min, prior=prior,
+            policy = DraftPolicy(AUTO_K_MAX, self._costs(), online_costs=not frozen, p_min=config.p_min, prior=prior,
                                  probe_every=NGRAM_PROBE_EVERY if self.model_free else DraftPolicy.PROBE_EVERY)
             policy.acceptance.add_before(self.state.evidence(regime))
             if prior is None:

@@ -43,6 +43,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from .checks import check_p_min
+
 
 @dataclass
 class CostModel:
@@ -558,12 +560,10 @@ class DraftPolicy:
                  prior: Optional[float] = None) -> None:
         if k_max < 1:
             raise ValueError(f"k_max must be >= 1, got {k_max}")
-        if p_min is not None and p_min != "auto" and not 0.0 <= float(p_min) <= 1.0:
-            raise ValueError(f"p_min must be None, 'auto' or in [0, 1], got {p_min!r}")
         self.k_max = k_max
         self.acceptance = AcceptanceEstimate(k_max, prior, decay)
         self.tracker = CostTracker(costs, online_costs)
-        self.p_min_setting = p_min
+        self.p_min_setting = check_p_min(p_min)
         self.probes = ProbeSchedule(probe_every)
         self.rounds_since_plain = 0      # drafting rounds since the last plain one
         self.after_plain = True          # the last round drafted nothing: the draft lags

@@ -62,10 +62,6 @@ class Endpoint:
     def __str__(self) -> str:
         return f"{self.host}:{self.port}"
 
-    @property
-    def loopback(self) -> bool:
-        return is_loopback(self.host)
-
 
 def is_loopback(host: str) -> bool:
     if host == "localhost":
