@@ -1,0 +1,253 @@
+"""Replaying ``k="auto"`` offline, against the best fixed K in hindsight.
+
+A policy is judged here before any benchmark: the models are taken out and
+what decides a policy's speed is replayed.
+
+* **Agreement** (per call): ``agree[i]`` says whether the draft, given the
+  true text before output position i, proposes the token the target emits
+  there. A round starting at position i that drafts K then accepts the
+  longest run of agreements from i, at most K, and emits one more token:
+  exact for greedy decoding and for the drafter-invariant race, whose
+  output is fixed whatever the draft. Recorded from the real pair
+  (``bench/record_trace.py``) or drawn (:func:`synthetic_agreement`).
+* **Costs**: seconds of a target forward over b = 1..9 tokens, of a draft
+  forward over n = 1..9 tokens (a round's first draft forward evaluates
+  what the draft skipped: 1 after a rejection, 2 after a full accept, the
+  whole lag after plain rounds; past 9, a cost per token), and of
+  everything else in a round; each round's
+  are scaled by lognormal noise, and bursts slow a stretch of rounds alike
+  (another process on the machine).
+
+:func:`replay` runs calls in order through a real
+:class:`~specgguf.learning.Learning` on a private store, as a
+:class:`~specgguf.SpeculativeLlama` does (the prompt measurement, the
+decoder's timings and lag, the catch-up read-back, the state handed to the
+store after each call), so stored state carries from call to call and can
+be poisoned on purpose. :func:`score` divides a policy's tokens per second
+by the best fixed K's on the same trace and noise.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional, Sequence
+
+import numpy as np
+
+from .config import GenerationConfig
+from .learning import AUTO_K_MAX, Learning
+from .state import PairState, Store
+
+CHECK_ROWS = 32  # as ModelDrafter: the read-back covers at most the last 32 skipped tokens
+
+
+@dataclass
+class Costs:
+    """Seconds of each part of a round (see the module docstring)."""
+
+    target: List[float]              # target forward over b = 1.. tokens
+    draft: List[float]               # draft forward over n = 1.. tokens (its first in a round: the catch-up)
+    catchup_per_token: float         # past the table, each further token of a catch-up
+    other: float = 0.0003            # warp, verify, Python, per round
+    noise: float = 0.05              # lognormal sigma, per round
+    bursts: Sequence[tuple] = ()     # (first round, last round, factor): all costs times factor
+
+    def target_cost(self, b: int) -> float:
+        t = self.target
+        return t[b - 1] if b <= len(t) else t[-1] + (t[-1] - t[-2]) * (b - len(t))
+
+    def draft_cost(self, n: int) -> float:
+        d = self.draft
+        return d[n - 1] if n <= len(d) else d[-1] + self.catchup_per_token * (n - len(d))
+
+
+@dataclass
+class Call:
+    """One generation: its prompt length, tokens asked for, and agreement per output position."""
+
+    prompt: int
+    agree: List[bool]
+    max_tokens: int = 0  # 0: len(agree)
+
+    @property
+    def n(self) -> int:
+        return self.max_tokens or len(self.agree)
+
+
+@dataclass
+class Trace:
+    name: str
+    costs: Costs
+    calls: List[Call]
+    config: GenerationConfig = field(default_factory=GenerationConfig)
+
+
+def synthetic_agreement(n: int, rate: float, rng: np.random.Generator, stickiness: float = 0.5) -> List[bool]:
+    """Agreement flags with mean ``rate`` whose misses come in runs (a
+    two-state Markov chain: ``stickiness`` 0 is independent draws, near 1
+    long runs), as drafts miss on hard stretches of text."""
+    out, state = [], rng.random() < rate
+    for _ in range(n):
+        p_stay = stickiness + (1 - stickiness) * (rate if state else 1 - rate)
+        state = state if rng.random() < p_stay else not state
+        out.append(bool(state))
+    return out
+
+
+class _Clock:
+    """Seconds of round parts under the trace's noise and bursts."""
+
+    def __init__(self, costs: Costs, rng: np.random.Generator) -> None:
+        self.c, self.rng, self.round = costs, rng, 0
+
+    def factor(self) -> float:
+        f = math.exp(self.rng.normal(0.0, self.c.noise)) if self.c.noise else 1.0
+        for first, last, slow in self.c.bursts:
+            if first <= self.round <= last:
+                f *= slow
+        return f
+
+
+def _run_call(call: Call, k, learning: Optional[Learning], config: GenerationConfig, clock: _Clock):
+    """One call; returns (tokens, seconds). ``k``: an int, or "auto" (the policy)."""
+    c = clock.c
+    seconds = 0.0
+    evaluated = 0  # context tokens the draft has evaluated (its KV), counted from the start
+    policy = None
+    if k == "auto":
+        def measure():  # the draft evaluates the prompt, as prompt_agreement does
+            nonlocal seconds, evaluated
+            seconds += c.draft_cost(call.prompt - 1)
+            evaluated = call.prompt - 1
+            sample = call.agree[:min(32, len(call.agree))]  # the prompt looks like the text
+            return (float(np.mean(sample)), len(sample)) if len(sample) >= 4 else None
+        policy = learning.policy(config, measure=measure)
+    pos, rounds, n = 0, 0, call.n
+    while pos < n:
+        context = call.prompt + pos
+        lag = context - evaluated
+        remaining = n - pos
+        want = 0 if rounds == 0 else (policy.choose(remaining, lag) if policy else k)
+        kk = min(want, remaining - 1)
+        f = clock.factor()
+        clock.round += 1
+        draft_s = first_s = 0.0
+        catchup = None
+        if kk > 0:
+            first_s = c.draft_cost(lag) * f
+            draft_s = first_s + (kk - 1) * c.draft_cost(1) * f
+            checked = 0 if lag <= 2 else max(0, min(CHECK_ROWS, lag - 1, pos))
+            if checked:
+                catchup = (float(sum(call.agree[pos - checked:pos])), checked)
+        accepted = 0
+        while accepted < kk and pos + accepted < n and call.agree[pos + accepted]:
+            accepted += 1
+        target_s = c.target_cost(call.prompt if rounds == 0 else kk + 1) * f  # round 0 reads the prompt
+        seconds += draft_s + target_s + c.other * f
+        if policy is not None:
+            timed = rounds > 0
+            policy.update(kk, accepted, None, draft_s if timed else None, target_s if timed else None,
+                          first_s if kk else None, catchup)
+        # The draft evaluated up to its last proposal but one; the cut-back keeps the accepted part.
+        if kk > 0:
+            evaluated = context + min(accepted, kk - 1)
+        pos += accepted + 1
+        rounds += 1
+    if policy is not None:
+        learning.finish(policy, config)
+    return min(pos, n), seconds
+
+
+def replay(trace: Trace, k, seed: int = 0, store: Optional[Store] = None,
+           poison: Optional[Callable[[PairState], None]] = None) -> float:
+    """Tokens per second over the trace's calls with draft length ``k`` (an
+    int, or "auto"), under noise drawn from ``seed``. ``store``: the state
+    store (default: a fresh temporary one: a new user); ``poison(state)``
+    writes records before the first call."""
+    with tempfile.TemporaryDirectory(prefix="specgguf-sim-") as tmp:
+        state = PairState(store or Store(tmp), f"sim|{trace.name}", "sim-machine")
+        if poison is not None:
+            poison(state)
+        learning = Learning(state)
+        clock = _Clock(trace.costs, np.random.default_rng(seed))
+        tokens = seconds = 0.0
+        for call in trace.calls:
+            t, s = _run_call(call, k, learning, trace.config, clock)
+            tokens, seconds = tokens + t, seconds + s
+        return tokens / seconds
+
+
+def oracle(trace: Trace, seed: int = 0, ks: Sequence[int] = tuple(range(AUTO_K_MAX + 1))) -> tuple:
+    """(best fixed K, its tokens per second) in hindsight, on the same noise."""
+    rates = {k: replay(trace, k, seed) for k in ks}
+    best = max(rates, key=rates.get)
+    return best, rates[best]
+
+
+def score(trace: Trace, seeds: Sequence[int] = (0, 1, 2), poison=None) -> dict:
+    """``k="auto"`` against the best fixed K and plain decoding, per seed:
+    ``{"auto": [...], "best_k": [...], "vs_oracle": [...], "vs_plain": [...]}``."""
+    out = {"auto": [], "best_k": [], "vs_oracle": [], "vs_plain": []}
+    for s in seeds:
+        auto = replay(trace, "auto", s, poison=poison)
+        k, best = oracle(trace, s)
+        out["auto"].append(auto)
+        out["best_k"].append(k)
+        out["vs_oracle"].append(auto / best)
+        out["vs_plain"].append(auto / replay(trace, 0, s))
+    return out
+
+
+# Measured on this project's 2-core AMD EPYC with the default pair (F32
+# SmolLM2-135M target, Q4_1 draft, 2 threads, flash attention):
+# bench/record_trace.py. Batches cost much more than one token here, and the
+# quantized draft's batches most: a catch-up is expensive.
+HERE = Costs(target=[0.0312, 0.0374, 0.0430, 0.0480, 0.0515, 0.0570, 0.0620, 0.0680, 0.0730],
+             draft=[0.0136, 0.0257, 0.0330, 0.0420, 0.0550, 0.0600, 0.0640, 0.0657, 0.0700],
+             catchup_per_token=0.0072, other=0.0004)
+# A board's regime: a 1-8B target is memory-bound (a batch of 9 costs little
+# more than one token), and a small draft costs a twentieth of a step.
+BOARD = Costs(target=[0.100 * (1 + 0.02 * b) for b in range(9)], draft=[0.005 * (1 + 0.1 * n) for n in range(9)],
+              catchup_per_token=0.0006, other=0.0004)
+
+
+def regimes(n_calls: int = 6, tokens: int = 96, prompt: int = 40, seed: int = 0) -> List[Trace]:
+    """The synthetic traces every policy change is scored on: this machine
+    with a good and a poor draft, a board, acceptance that collapses
+    halfway through, and bursts of a busy machine."""
+    rng = np.random.default_rng(seed)
+
+    def calls(rates):
+        return [Call(prompt, synthetic_agreement(tokens, r, rng)) for r in rates]
+
+    bursts = Costs(**{**HERE.__dict__, "bursts": ((20, 60, 1.6), (150, 200, 1.6))})
+    return [
+        Trace("here, good draft (0.9)", HERE, calls([0.9] * n_calls)),
+        Trace("here, poor draft (0.55)", HERE, calls([0.55] * n_calls)),
+        Trace("board, draft 0.75", BOARD, calls([0.75] * n_calls)),
+        Trace("here, acceptance 0.9 then 0.35", HERE, calls([0.9] * (n_calls // 2) + [0.35] * (n_calls - n_calls // 2))),
+        Trace("here, good draft, busy bursts", bursts, calls([0.9] * n_calls)),
+    ]
+
+
+def load_trace(path) -> Trace:
+    """A trace recorded by bench/record_trace.py (JSON)."""
+    import json
+    from pathlib import Path
+    d = json.loads(Path(path).read_text())
+    cfg = GenerationConfig.from_kwargs(**d.get("config", {}))
+    return Trace(d["name"], Costs(**d["costs"]), [Call(**c) for c in d["calls"]], cfg)
+
+
+def busy_record(trace: Trace, draft_factor: float = 3.0, target_factor: float = 1.5):
+    """A poison for :func:`replay`: costs stored by a run while another
+    process held the CPU, the draft's forwards slowed most (``draft_factor``)
+    and the target's less: a record that says drafting loses."""
+    def write(state: PairState) -> None:
+        c = trace.costs
+        state.save_costs({"draft": draft_factor * c.draft_cost(1), "target": [target_factor * t for t in c.target],
+                          "seconds": True, "draft_prefill": draft_factor * c.catchup_per_token,
+                          "draft_first": draft_factor * c.draft_cost(2)})
+    return write
