@@ -469,7 +469,9 @@ def test_a_guess_yields_to_the_first_measurement_a_measured_cost_does_not():
     assert guessed.costs.target[4] == pytest.approx(0.070)
     stored = CostTracker(CostModel(draft=0.01, target=[0.04, 0.05, 0.055, 0.06, 0.065], seconds=True), online=True)
     stored.observe(4, 0.040, 0.075, False)
-    assert stored.costs.target[4] == pytest.approx(0.070)  # half-way: a measurement counts as one sample
+    # A stored cost is a prior worth START_WEIGHT of one timing here: the measurement mostly replaces it.
+    assert stored.costs.target[4] == pytest.approx(0.065 + (0.075 - 0.065) / (1 + CostTracker.START_WEIGHT))
+    assert CostTracker.START_WEIGHT < 0.5
 
 
 def test_a_probes_read_back_of_skipped_tokens_counts_as_evidence():
@@ -579,10 +581,31 @@ def test_stored_costs_say_which_batch_sizes_were_timed(tmp_path):
     later.observe(1, 0.02, 0.040, False)
     assert t[1] == pytest.approx(0.040)
     later.observe(3, 0.04, 0.057, False)
-    assert t[3] == pytest.approx((stored.target[3] + 0.057) / 2)
+    assert t[3] == pytest.approx(stored.target[3] + (0.057 - stored.target[3]) / (1 + CostTracker.START_WEIGHT))
     # A calibration (every size measured) or a record from before the field: all timed.
     state.save_costs(dict(stored.to_dict(), measured=None))
     assert all(Learning(state).policy(config).tracker.timed(b) for b in range(1, 10))
     assert Learning(state).policy(config).tracker.measured_costs().measured is None
     state.save_costs(dict(stored.to_dict(), measured=[0, 12]))  # damaged: the prior
     assert not Learning(state).policy(config).tracker.start.seconds
+
+
+def test_stored_costs_that_say_drafting_loses_do_not_stop_probes():
+    """Stored costs with the draft dearer than a target token would veto
+    every probe of a draft that agrees 95% of the time, so the run would
+    never time the draft and the record would stand forever. Until the run
+    has timed the draft, probes are gated on costs no dearer than the
+    built-in prior; once it has, on the starting costs again (its timings
+    now move the live ones)."""
+    t1 = 0.03
+    stored = CostModel(draft=1.2 * t1, target=[t1 * (1 + 0.1 * b) for b in range(9)], seconds=True,
+                       draft_prefill=0.5 * t1, draft_first=1.5 * t1)
+    policy = DraftPolicy(8, stored, online_costs=True, prior=0.95)
+    acc = [policy.acceptance.optimistic()] * 8
+    r = rates(8, acc, stored)
+    assert max(r[1:]) < DraftPolicy.PROBE_MARGIN * r[0]  # the stored costs alone: no probe, ever
+    policy.update(0, 0, None, None, t1)  # a plain round timed here
+    assert policy.could_pay()
+    policy.update(3, 3, None, 3 * 0.3 * t1, 1.3 * t1, 0.3 * t1)  # the probe times the draft: cheap after all
+    assert policy.tracker.drafting_timed() and policy.tracker.gate_costs() is policy.tracker.start
+    assert policy.costs.draft < 0.5 * stored.draft  # the timing mostly replaced the stored cost

@@ -73,13 +73,26 @@ def test_auto_k_against_the_best_fixed_k(trace):
 
 # Where the shipped policy stands (bench/simulate.py, medians of seeds 0-2),
 # less a small margin; the replay is deterministic for a seed. Below the
-# issue's 0.95: acceptance collapsing mid-run and bursts of a busy machine.
+# issue's 0.95: bursts of a busy machine in a regime where drafting barely
+# pays (0.938; it then reads 0.95x plain decoding).
 FLOOR = {
-    "here, good draft (0.9)": 0.96,
-    "here, poor draft (0.55)": 0.975,
-    "board, draft 0.75": 0.95,
-    "here, acceptance 0.9 then 0.35": 0.92,
-    "here, good draft, busy bursts": 0.88,
-    "recorded here: F32 target, Q4_1 draft (good)": 0.94,
-    "recorded here: F32 target, Q2_K draft (poor)": 0.98,
+    "here, good draft (0.9)": 0.965,
+    "here, poor draft (0.55)": 0.985,
+    "board, draft 0.75": 0.955,
+    "here, acceptance 0.9 then 0.35": 0.945,
+    "here, good draft, busy bursts": 0.925,
+    "recorded here: F32 target, Q4_1 draft (good)": 0.95,
+    "recorded here: F32 target, Q2_K draft (poor)": 0.985,
 }
+
+
+def test_a_stored_record_that_says_drafting_loses_is_a_prior_not_a_verdict():
+    """Costs stored while another process held the CPU (the draft's 3x, the
+    target's 1.5x) once kept the recorded good draft off for every later
+    call (0.79 of the best fixed K): no probe ever timed the draft. Now the
+    run measures the draft and drafts, within the first two calls."""
+    trace = simulator.load_trace(DATA / "trace_good_draft.json")
+    got = simulator.score(trace, seeds=(0, 1, 2), poison=simulator.busy_record(trace))
+    assert min(got["vs_oracle"]) >= 0.95, got
+    two = Trace(trace.name, trace.costs, trace.calls[:2], trace.config)
+    assert np.median(simulator.score(two, seeds=(0, 1, 2), poison=simulator.busy_record(trace))["vs_plain"]) > 1.05

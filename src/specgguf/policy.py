@@ -163,17 +163,42 @@ class CostTracker:
         """Whether T(1) was measured: stored or calibrated costs, or a plain round timed here."""
         return self.timed(1)
 
+    # What a cost stored by an earlier process (or a calibration) weighs
+    # against one timing in this run: a prior, never a verdict. At one full
+    # sample, a record written while another process held the CPU (the
+    # draft's forwards 3x) kept a good draft off for every later call: the
+    # first probes only halved the error (simulator: 0.79 of the best K).
+    START_WEIGHT = 0.25
+
     def _blend(self, key: object, old: float, new: float) -> float:
         # A running mean over the first samples, then an EMA: shared machines
         # are noisy. A measured starting value (stored or calibrated costs)
-        # counts as one sample; a guess (the prior, or a batch size guessed
-        # from the timed ones) counts as none: averaged with the
+        # counts as START_WEIGHT of a sample; a guess (the prior, or a batch
+        # size guessed from the timed ones) counts as none: averaged with the
         # first measurement, a guess too high kept a run at K = 3 after it
         # had timed the larger batches.
         seen = self.samples.get(key, 0)
         self.samples[key] = seen + 1
-        n = seen + (1 if self._measured_at_start(key) else 0)
+        n = seen + (self.START_WEIGHT if self._measured_at_start(key) else 0.0)
         return old + max(0.1, 1.0 / (n + 1)) * (new - old)
+
+    def drafting_timed(self) -> bool:
+        """Whether this run has timed a draft forward (else the draft's costs are the start's)."""
+        return self.samples.get("draft", 0) + self.samples.get("draft_first", 0) > 0
+
+    def gate_costs(self) -> CostModel:
+        """The costs probes are gated on: the starting ones (one slow round on
+        a noisy machine must not start probing), but while this run has not
+        timed the draft, no dearer than the built-in prior at the plain cost
+        measured now: stored costs that say drafting loses must not keep a
+        run from ever measuring the draft."""
+        if self.drafting_timed() or not self.costs.seconds:
+            return self.start
+        prior = CostModel().scaled(self.costs.target[0])
+        s = self.start if self.start.seconds else prior
+        return CostModel(min(s.draft, prior.draft), [min(a, b) for a, b in zip(s.target, prior.target)], True,
+                         min(s.draft_prefill, prior.draft_prefill),
+                         None if s.draft_first is None else min(s.draft_first, prior.draft))
 
     def observe(self, drafted: int, draft_seconds: Optional[float], target_seconds: Optional[float],
                 draft_caught_up: bool, first_seconds: Optional[float] = None) -> None:
@@ -597,7 +622,7 @@ class DraftPolicy:
         even odds ran at every call's start, each catching up on the prompt
         to learn three tokens: 2-3% of the run, for nothing."""
         acc = [self.acceptance.optimistic()] * self.k_max
-        start = self.tracker.start
+        start = self.tracker.gate_costs()
         r = rates(self.k_max, acc, start)
         best = max(range(1, self.k_max + 1), key=lambda k: r[k])
         if r[best] <= self.PROBE_MARGIN * r[0]:
