@@ -86,13 +86,14 @@ std::size_t warp_top_k(const Kernels& kern, const float* l, std::size_t v, std::
     double M = 0.0;
     for (float m : s.b) M += m;
     std::size_t keep = n;
-    if (wp.top_p < 1.0) {  // the shortest prefix whose mass reaches top_p
+    if (wp.top_p < 1.0) {  // the shortest prefix whose mass reaches top_p M
+        const double target = wp.top_p * M;
         double cum = 0.0;
         keep = 0;
         while (keep < n) {
-            cum += (double)s.b[keep] / M;
+            cum += s.b[keep];
             ++keep;
-            if (cum >= wp.top_p) break;
+            if (cum >= target) break;
         }
     }
     const float floor = float_at_least(wp.min_p);  // min-p: m_j >= min_p (the top's m is 1)

@@ -11,8 +11,10 @@
 //     exp(x), and 0 for x < -64 (a ratio below 1.6e-28 to the top token).
 //   * top-k keeps the k best ranked; m_j = E(f32(l_j - top)) are the masses
 //     at temperature 1, and M their double sum over the top-k survivors.
-//   * top-p keeps the shortest ranked prefix whose cumulative m / M reaches
-//     top_p; min-p then keeps, of those, the tokens with m_j >= min_p.
+//   * top-p keeps the shortest ranked prefix whose cumulative m reaches
+//     top_p * M (sums of masses, not of m / M: exact where ties make the
+//     masses small integers); min-p then keeps, of those, the tokens with
+//     m_j >= min_p.
 //   * p_j = e_j * f32(1 / W) on the kept tokens, with
 //     e_j = E(f32(f32(l_j - top) * f32(1 / temperature))) and W their double
 //     sum; 0 elsewhere.

@@ -74,6 +74,18 @@ def test_warp_at_a_real_vocabulary_size_is_the_reference_on_every_kernel(setting
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-12)
 
 
+def test_warp_top_p_over_tied_tokens_is_exact():
+    """20 tokens tied at the top, top_p 0.5: exactly 10 hold half the mass.
+    Summing ten 0.05s gives 0.49999999999999994 and kept 11; sums of the
+    masses themselves are exact there."""
+    row = np.full((1, 31), -200.0, np.float32)
+    row[0, 1:21] = 200.0
+    for top_k in (0, 25):  # the whole-row path and the top-k path
+        p = sampling.warp(row, 0.1, top_k=top_k, top_p=0.5, min_p=0.0)
+        assert np.count_nonzero(p) == 10 and (p[0, 1:11] == np.float32(0.1)).all()
+        np.testing.assert_array_equal(p, reference.warp(row, 0.1, top_k, 0.5, 0.0))
+
+
 def test_warp_signed_zero_logits_tie():
     """-0.0 and +0.0 tie (ordered by index); a -0.0 top once put +0.0 a bin past the end."""
     l = np.array([[-0.0, 0.0, 0.0, -1.0]], np.float32)

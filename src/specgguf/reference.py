@@ -127,7 +127,8 @@ def warp(logits: np.ndarray, temperature: float, top_k: int = 40, top_p: float =
         m = exp_floor(vals - vals[0])  # masses at temperature 1
         keep = len(m)
         if top_p < 1.0:
-            keep = min(keep, int(np.searchsorted(np.cumsum(m / m.astype(np.float64).sum()), top_p)) + 1)
+            mass = m.astype(np.float64)
+            keep = min(keep, int(np.searchsorted(np.cumsum(mass), top_p * mass.sum())) + 1)
         kept = order[:keep][m[:keep] >= min_p]  # min-p: m >= min_p (the top's m is 1)
         e = exp_floor((row[kept] - vals[0]) * inv_t)
         out[r, kept] = e * np.float32(1.0 / e.astype(np.float64).sum())
