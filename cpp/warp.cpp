@@ -147,13 +147,18 @@ float nucleus(const float* l, const float* m, std::size_t v, float top, double M
     return lo;
 }
 
+// The canonical double sum of x[0..v) (verify.h), the same on every path.
+double row_sum(const Kernels& kern, const float* x, std::size_t v, WarpScratch& s) {
+    s.chunks.resize(n_chunks(v));
+    kern.chunk_sums(x, v, s.chunks.data());
+    double total = 0.0;
+    for (double c : s.chunks) total += c;
+    return total;
+}
+
 // Writes out = e * (1 / W), W the canonical sum of e (out); returns how many are > 0.
 std::size_t normalize(const Kernels& kern, float* out, std::size_t v, WarpScratch& s) {
-    s.bins.resize(n_chunks(v));
-    kern.chunk_sums(out, v, s.bins.data());
-    double W = 0.0;
-    for (std::size_t c = 0; c < n_chunks(v); ++c) W += s.bins[c];
-    const float inv = (float)(1.0 / W);  // W >= 1: the top token's e is E(0) = 1
+    const float inv = (float)(1.0 / row_sum(kern, out, v, s));  // >= 1: the top token's e is E(0) = 1
     std::size_t kept = 0;
     for (std::size_t j = 0; j < v; ++j) {
         out[j] *= inv;
@@ -180,13 +185,7 @@ std::size_t warp_row(const Kernels& kern, const float* logits, std::size_t v, co
     kern.exp_row(logits, v, top, 1.0f, s.m.data());
     float edge = kInf;
     std::size_t n = 0;
-    if (wp.top_p < 1.0) {
-        s.bins.resize(n_chunks(v));
-        kern.chunk_sums(s.m.data(), v, s.bins.data());
-        double M = 0.0;
-        for (std::size_t c = 0; c < n_chunks(v); ++c) M += s.bins[c];
-        edge = nucleus(logits, s.m.data(), v, top, M, wp.top_p, s, n);
-    }
+    if (wp.top_p < 1.0) edge = nucleus(logits, s.m.data(), v, top, row_sum(kern, s.m.data(), v, s), wp.top_p, s, n);
     kern.exp_row(logits, v, top, inv_t, out);  // the temperature, then the cut
     s.b.resize(n);
     for (std::size_t i = 0; i < n; ++i) s.b[i] = out[s.cand[i].second];

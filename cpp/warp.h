@@ -46,7 +46,8 @@ struct WarpScratch {
     std::vector<std::pair<float, std::uint32_t>> cand;  // (logit, index), ranked
     std::vector<float> a, b;                            // gathered logits, their exps
     std::vector<float> m;                               // a row's masses at temperature 1
-    std::vector<double> bins;                           // mass per distance bin; chunk sums
+    std::vector<double> bins;                           // mass per distance bin (top-p)
+    std::vector<double> chunks;                         // canonical chunk sums of a row
 };
 
 // Writes all v entries of out: the kept tokens' probabilities (summing to 1

@@ -29,9 +29,11 @@ by the best fixed K's on the same trace and noise.
 
 from __future__ import annotations
 
+import json
 import math
 import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
 import numpy as np
@@ -234,8 +236,6 @@ def regimes(n_calls: int = 6, tokens: int = 96, prompt: int = 40, seed: int = 0)
 
 def load_trace(path) -> Trace:
     """A trace recorded by bench/record_trace.py (JSON)."""
-    import json
-    from pathlib import Path
     d = json.loads(Path(path).read_text())
     cfg = GenerationConfig.from_kwargs(**d.get("config", {}))
     return Trace(d["name"], Costs(**d["costs"]), [Call(**c) for c in d["calls"]], cfg)
