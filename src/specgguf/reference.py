@@ -124,13 +124,13 @@ def warp(logits: np.ndarray, temperature: float, top_k: int = 40, top_p: float =
         if 0 < top_k < v:
             order = order[:top_k]
         vals = row[order]
-        m = exp_floor(vals - vals[0])  # masses at temperature 1
-        keep = len(m)
-        if top_p < 1.0:
-            mass = m.astype(np.float64)
-            keep = min(keep, int(np.searchsorted(np.cumsum(mass), top_p * mass.sum())) + 1)
-        kept = order[:keep][m[:keep] >= min_p]  # min-p: m >= min_p (the top's m is 1)
-        with np.errstate(over="ignore"):  # a huge distance times 1/T is -inf: E gives 0, as in C++
+        with np.errstate(over="ignore"):  # a distance past float's range is -inf: E gives 0, as in C++
+            m = exp_floor(vals - vals[0])  # masses at temperature 1
+            keep = len(m)
+            if top_p < 1.0:
+                mass = m.astype(np.float64)
+                keep = min(keep, int(np.searchsorted(np.cumsum(mass), top_p * mass.sum())) + 1)
+            kept = order[:keep][m[:keep] >= min_p]  # min-p: m >= min_p (the top's m is 1)
             e = exp_floor((row[kept] - vals[0]) * inv_t)
         out[r, kept] = e * np.float32(1.0 / e.astype(np.float64).sum())
     return out
