@@ -38,7 +38,7 @@ import numpy as np
 
 from specgguf import models
 from specgguf.api import SpeculativeLlama
-from specgguf.policy import CostModel, rate
+from specgguf.policy import CostModel, expected_tokens
 
 PROMPTS = [
     "Write a detailed essay about the history of the printing press.",
@@ -62,10 +62,15 @@ def per_token_acceptance(stats_list) -> float:
     return acc / verified if verified else 0.0
 
 
+def rate(k: int, a: float, costs: CostModel) -> float:
+    """The formula's tokens per second at K = k and per-token acceptance ``a``."""
+    return expected_tokens(k, [a] * k)[k] / costs.round_cost(k)
+
+
 def ceiling(costs: CostModel, a: float, k) -> float:
     """The formula's speedup at acceptance ``a``: at K = k, or the best K for "auto"."""
     ks = range(9) if k == "auto" else [k]
-    return max(rate(kk, [a] * max(kk, 1), costs) for kk in ks) / rate(0, [a], costs)
+    return max(rate(kk, a, costs) for kk in ks) / rate(0, a, costs)
 
 
 def steady(stats_list, key: str) -> float:
@@ -78,7 +83,10 @@ def run_costs(res, bases, k, calibrated: CostModel) -> CostModel:
     """The costs these generations measured (see the module docstring)."""
     t1 = steady(bases, "target_seconds")
     if k == "auto":
-        return calibrated.scaled(t1 / calibrated.target[0])
+        f = t1 / calibrated.target[0]
+        first = None if calibrated.draft_first is None else calibrated.draft_first * f
+        return CostModel(calibrated.draft * f, [t * f for t in calibrated.target], True, calibrated.draft_prefill * f,
+                         first)
     draft = sum(s["draft_seconds"] for s in res) / max(1, sum(s["drafted"] for s in res))
     target = [t1] + [t1] * (k - 1) + [steady(res, "target_seconds")]
     return CostModel(draft, target, True)

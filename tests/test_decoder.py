@@ -165,7 +165,7 @@ def test_a_drafts_read_back_reaches_the_policy():
             return [0, 0, 0, 3, 3][len(self.lags) % 5]
 
         def update(self, drafted, accepted, *args, **kwargs):
-            self.seen.append((drafted, args[4] if len(args) > 4 else kwargs.get("catchup")))
+            self.seen.append((drafted, args[3] if len(args) > 3 else kwargs.get("catchup")))
 
     policy = Recording()
     dec = specgguf.SpeculativeDecoder(ReadingBack(make_draft(0.6)), target_step, k=policy)

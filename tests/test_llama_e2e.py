@@ -10,6 +10,7 @@ import specgguf  # noqa: E402
 from specgguf.api import SpeculativeLlama  # noqa: E402
 from specgguf.llama_adapter import LlamaTarget, ModelDrafter, measure_acceptance  # noqa: E402
 from specgguf.llama_model import LlamaModel  # noqa: E402
+from specgguf.policy import CostModel  # noqa: E402
 from specgguf.sampling import Sampler  # noqa: E402
 from tests.conftest import PROMPTS, load_model, msgs, plain_greedy  # noqa: E402
 
@@ -247,12 +248,10 @@ def test_ngram_draft_end_to_end(target):
 
 
 def test_an_ngram_draft_is_probed_again_soon_after_an_early_miss(target):
-    """An n-gram probe costs no catch-up: after a first miss, k="auto" looks
-    again within 4 plain rounds, not the 16 a draft model waits (measured on
-    the copy-heavy prompt: waiting 16 cost the first call a third of its
-    speed-up). With the near-free lookup still expected to win, it does not
-    even stop: it drafts again at once, between the plain rounds that time
-    plain decoding."""
+    """An n-gram lookup costs no catch-up and next to nothing per token:
+    after a first miss, k="auto" drafts again within 4 rounds (measured on
+    the copy-heavy prompt: waiting 16 plain rounds cost the first call a
+    third of its speed-up)."""
     policy = SpeculativeLlama(target, "ngram").learning.policy(specgguf.GenerationConfig(k="auto"))
     policy.update(policy.choose(), 0)  # whatever it drafted, nothing was accepted
     ks = [policy.choose() for _ in range(4)]
@@ -329,7 +328,7 @@ def test_sampled_evidence_and_priors_stay_in_their_regime(target, draft):
     """Greedy and sampled acceptance never mix, and a prior measured at
     temperature 0.8 applies only there."""
     s = SpeculativeLlama(target, draft)
-    s.learning.calibrated(s.learning._costs(), {"greedy": 0.9, "sampled": 0.6, "temperature": 0.8})
+    s.learning.calibrated(CostModel(), {"greedy": 0.9, "sampled": 0.6, "temperature": 0.8})
     cfg = specgguf.GenerationConfig
     assert s.learning.prior(cfg()) == 0.9
     assert s.learning.prior(cfg(temperature=0.8, drafter_invariant=False)) == 0.6

@@ -189,18 +189,17 @@ class SpeculativeDecoder:
             t2 = time.perf_counter()
             self._check_target(target, len(draft.tokens))
             n, nxt = self.sampler.verify(target, draft, stats.emitted)
+            t3 = time.perf_counter()
             stats.draft_seconds += t1 - t0
             stats.target_seconds += t2 - t1
             if stats.rounds == 0:
                 stats.first_target_seconds = t2 - t1
-            stats.verify_seconds += time.perf_counter() - t2
+            stats.verify_seconds += t3 - t2
             stop = None if k == 0 else ("max_new" if k < want and draft.stop == "max" else draft.stop)
             stats.record(len(draft.tokens), n, stop)
-            if policy:
-                timed = stats.rounds > 1  # the first round also evaluates the prompt
-                policy.update(len(draft.tokens), n, draft.confidence,
-                              (t1 - t0) if timed else None, (t2 - t1) if timed else None, draft.first_seconds,
-                              draft.catchup)
+            if policy:  # the whole round, timed unless it also evaluated the prompt (the first)
+                policy.update(len(draft.tokens), n, draft.confidence, (t3 - t0) if stats.rounds > 1 else None,
+                              draft.first_seconds, draft.catchup)
             for t in draft.tokens[:n] + [nxt]:
                 prefix.append(t)
                 stats.emitted += 1

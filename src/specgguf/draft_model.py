@@ -12,8 +12,9 @@ sample-and-compare (accept while its own sample equals the draft's token).
 * Proposals: greedy, which is what sample-and-compare accepts most often.
 * Adaptive K: the next call's ``input_ids`` tell how many of its last proposals
   ``Llama`` kept (they continue the last context with the accepted tokens and
-  one more). That, its own timed forwards, and the time ``Llama`` took between
-  two calls (the target's batched forward) feed specgguf's draft policy. A
+  one more). That, and the time from one call to the next (a whole round:
+  the draft's forwards, then ``Llama``'s batched forward and sampling), feed
+  specgguf's draft policy. A
   draft that does not pay returns an empty array: no speculation that step.
 
 Note the trade-off (measured in the README): ``Llama`` with a draft forces
@@ -44,8 +45,8 @@ from .policy import DraftPolicy
 class _Round:
     """What the last call proposed, to read the next call's input against."""
 
-    def __init__(self, context: List[int], draft: Optional[Draft], draft_seconds: float, ended: float) -> None:
-        self.context, self.draft_seconds, self.ended = context, draft_seconds, ended
+    def __init__(self, context: List[int], draft: Optional[Draft], started: float) -> None:
+        self.context, self.started = context, started
         self.draft = draft or Draft()
         self.tokens = list(self.draft.tokens)
 
@@ -126,9 +127,8 @@ class DraftModel(LlamaDraftModel):
             k = self._choose(ids)
             t0 = time.perf_counter()
             draft = self.drafter.propose(ids, k) if k > 0 else None
-            spent = time.perf_counter() - t0
-            self.last = _Round(ids, draft, spent, time.perf_counter())
-            self._count(k, self.last.tokens, spent)
+            self.last = _Round(ids, draft, t0)
+            self._count(k, self.last.tokens, time.perf_counter() - t0)
             return np.array(self.last.tokens, dtype=np.intc)
 
     def _learn(self, ids: List[int]) -> None:
@@ -138,10 +138,10 @@ class DraftModel(LlamaDraftModel):
             self.sampler.origin = max(0, len(ids) - 1)
             return
         self._stats["accepted"] += a
-        if self.policy is not None:  # the time Llama took since: its batched forward over 1 + drafted
+        if self.policy is not None:  # the whole round: the draft, then Llama's batched forward and sampling
             d = last.draft
-            self.policy.update(len(last.tokens), a, d.confidence, last.draft_seconds or None,
-                               time.perf_counter() - last.ended, d.first_seconds, d.catchup)
+            self.policy.update(len(last.tokens), a, d.confidence, time.perf_counter() - last.started,
+                               d.first_seconds, d.catchup)
 
     def _choose(self, ids: List[int]) -> int:
         if self.policy is None:

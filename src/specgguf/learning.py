@@ -2,15 +2,16 @@
 
 A :class:`Learning` keeps one :class:`~specgguf.policy.DraftPolicy` per
 sampling regime (greedy, or the warp settings): what a chat session learns
-in one call helps the next. A policy starts from the stored costs (else the
-conservative prior), the measured acceptance of ``calibrate()`` where it
+in one call helps the next. A policy starts from the stored round times
+(a prior for the K it has not timed yet, never a verdict: see
+:mod:`specgguf.policy`), the measured acceptance of ``calibrate()`` where it
 applies, and what earlier runs learned; after each run its new evidence is
-merged into the store and its measured costs replace the stored ones.
+merged into the store and its measured round times replace the stored ones.
 
 Runs whose output the clock could change (exact p/q sampling with a seed)
 get a fresh policy on the stored values, blind to the clock, and write
 nothing: the same seed, settings and stored state give the same text. Every
-other run refines its costs from its own timed forwards.
+other run times its own rounds.
 
 A run that knows nothing of its draft measures the draft's acceptance on its
 prompt (:meth:`Learning.policy`). Unless the run is clock-blind, that
@@ -28,13 +29,11 @@ from __future__ import annotations
 from typing import Callable, Dict, Optional
 
 from .config import GenerationConfig
-from .policy import CostModel, DraftPolicy, merge_evidence
+from .acceptance import merge_evidence
+from .policy import CostModel, DraftPolicy
 from .state import PairState
 
 AUTO_K_MAX = 8  # the largest draft length k="auto" considers
-NGRAM_PROBE_EVERY = 4  # an n-gram probe costs no catch-up: after one early miss on a copy-heavy
-                       # prompt, waiting DraftPolicy.PROBE_EVERY (16) rounds cost the first call
-                       # a third of its speed-up
 SAMPLED_PRIOR = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)  # where calibrate() measures
 
 
@@ -53,16 +52,15 @@ class Learning:
         self.stored_costs = state.costs()
         self.measured = state.acceptance()
 
-    def _costs(self) -> CostModel:
+    def _costs(self) -> Optional[CostModel]:
+        """Stored costs (a prior for round times not measured yet), an n-gram
+        lookup's (free), or None: the built-in prior."""
         if self.stored_costs:
             try:
                 return CostModel.from_dict(self.stored_costs)
             except (KeyError, TypeError, ValueError):
                 pass  # a damaged record: the prior
-        costs = CostModel()
-        if self.model_free:
-            costs.draft, costs.draft_prefill, costs.draft_first = 1e-4, 0.0, None
-        return costs
+        return CostModel(draft=1e-4, draft_prefill=0.0) if self.model_free else None
 
     def prior(self, config: GenerationConfig) -> Optional[float]:
         """The measured acceptance that applies to ``config``'s regime, if any:
@@ -92,8 +90,7 @@ class Learning:
         policy = self.policies.get(regime)
         if frozen or policy is None or policy.p_min_setting != config.p_min:
             prior = self.prior(config)
-            policy = DraftPolicy(AUTO_K_MAX, self._costs(), online_costs=not frozen, p_min=config.p_min, prior=prior,
-                                 probe_every=NGRAM_PROBE_EVERY if self.model_free else DraftPolicy.PROBE_EVERY)
+            policy = DraftPolicy(AUTO_K_MAX, self._costs(), online_costs=not frozen, p_min=config.p_min, prior=prior)
             policy.acceptance.add_before(self.state.evidence(regime))
             if prior is None:
                 self._add_prompt_prior(policy, regime)
@@ -120,14 +117,15 @@ class Learning:
 
     def finish(self, policy: Optional[DraftPolicy], config: GenerationConfig) -> None:
         """After a run: merge what ``policy`` learned into the store, and keep
-        its measured costs for later processes (clock-blind runs write nothing)."""
-        if policy is None or not policy.tracker.online:
+        its measured round times for later processes, a prior there
+        (clock-blind runs write nothing)."""
+        if policy is None or not policy.online:
             return
         contribution = policy.acceptance.hand_over()
         if sum(contribution["counts"]["verified"]) > 0:
             self.state.update_evidence(config.regime, lambda old: merge_evidence(old, contribution))
-        if policy.costs.seconds:
-            self.stored_costs = policy.tracker.measured_costs().to_dict()
+        if any(policy.arms.timed):
+            self.stored_costs = policy.arms.record().to_dict()
             self.state.save_costs(self.stored_costs)
 
     def calibrated(self, costs: CostModel, acceptance: Optional[dict]) -> None:

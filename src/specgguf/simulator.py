@@ -147,11 +147,10 @@ def _run_call(call: Call, k, learning: Optional[Learning], config: GenerationCon
         while accepted < kk and pos + accepted < n and call.agree[pos + accepted]:
             accepted += 1
         target_s = c.target_cost(call.prompt if rounds == 0 else kk + 1) * f  # round 0 reads the prompt
-        seconds += draft_s + target_s + c.other * f
+        round_s = draft_s + target_s + c.other * f
+        seconds += round_s
         if policy is not None:
-            timed = rounds > 0
-            policy.update(kk, accepted, None, draft_s if timed else None, target_s if timed else None,
-                          first_s if kk else None, catchup)
+            policy.update(kk, accepted, None, round_s if rounds > 0 else None, first_s if kk else None, catchup)
         # The draft evaluated up to its last proposal but one; the cut-back keeps the accepted part.
         if kk > 0:
             evaluated = context + min(accepted, kk - 1)
