@@ -135,11 +135,16 @@ def test_greedy_text_equals_generate_in_process(client):
 def test_every_route_needs_the_key(served):
     for key in (None, "wrong"):
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        for method, path in (("GET", "/health"), ("GET", "/v1/models"), ("POST", "/v1/chat/completions"),
-                             ("POST", "/v1/completions"), ("GET", "/nope")):
+        for method, path in (("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"),
+                             ("GET", "/nope"), ("POST", "/health")):
             r = httpx.request(method, served.url + path, headers=headers, content=b"{}")
             assert r.status_code == 401, (key, path)
             assert r.json()["error"]["code"] == "invalid_api_key"
+        # Liveness probes cannot send keys: /health answers, and says nothing else.
+        r = httpx.get(served.url + "/health", headers=headers)
+        assert r.status_code == 200 and r.json() == {"status": "ok"}
+    full = httpx.get(served.url + "/health", headers=served.headers).json()
+    assert full["status"] == "ok" and "model" in full and "busy" in full
 
 
 GOOD = {"messages": chat("Hi"), "max_tokens": 4}

@@ -13,8 +13,10 @@ up to ``--queue`` more wait their turn, and beyond that a request gets 503
 with ``Retry-After``. Generation runs in a worker thread; the event loop only
 moves bytes. A client that disconnects stops its generation within one
 round. With an API key (``--api-key`` or ``$SPECGGUF_API_KEY``) every route
-needs ``Authorization: Bearer KEY``. The server binds to 127.0.0.1 unless
-told otherwise.
+needs ``Authorization: Bearer KEY`` but ``GET /health``, which answers
+``{"status": "ok"}`` to anyone, as llama-server's does (liveness probes
+cannot send keys), and adds the model and the queue only for the key. The
+server binds to 127.0.0.1 unless told otherwise.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ class Server:
     Args:
         llm: a loaded :class:`~specgguf.SpeculativeLlama` (its ``defaults``
             are the requests' defaults).
-        api_key: required as a Bearer token on every route when set.
+        api_key: required as a Bearer token on every route but ``GET /health`` when set.
         queue: requests that may wait while one runs.
         model_id: the name /v1/models reports.
         verbose: log more than one line per request.
@@ -133,6 +135,8 @@ def _error(e: BadRequest):
 async def _health(request):
     from starlette.responses import JSONResponse
     server = request.app.state.server
+    if not server.authorized(request.headers.get("authorization")):
+        return JSONResponse({"status": "ok"})  # liveness only: nothing about the server
     return JSONResponse({"status": "ok", "model": server.model_id, "busy": server.pending})
 
 
@@ -189,7 +193,7 @@ async def _on_error(request, exc: Exception):
 
 
 def create_app(server: Server):
-    """The Starlette application over ``server`` (every route behind the API key when set)."""
+    """The Starlette application over ``server`` (every route but ``GET /health`` behind the API key when set)."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.routing import Route
@@ -209,13 +213,13 @@ def create_app(server: Server):
 
 
 class _Auth:
-    """ASGI middleware: every route needs the API key when one is set."""
+    """ASGI middleware: every route but ``GET /health`` needs the API key when one is set."""
 
     def __init__(self, app, server: Server) -> None:
         self.app, self.server = app, server
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http":
+        if scope["type"] == "http" and (scope.get("method"), scope.get("path")) != ("GET", "/health"):
             headers = dict(scope.get("headers") or [])
             auth = headers.get(b"authorization")
             if not self.server.authorized(auth.decode("latin-1") if auth else None):
@@ -346,7 +350,8 @@ def main(argv) -> int:
     ap.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1: this machine only)")
     ap.add_argument("--port", type=int, default=8080, help="port (8080)")
     ap.add_argument("--api-key", default=os.environ.get("SPECGGUF_API_KEY"),
-                    help="require 'Authorization: Bearer KEY' on every route (default: $SPECGGUF_API_KEY)")
+                    help="require 'Authorization: Bearer KEY' on every route but GET /health, which "
+                    "then says only that the server is up (default: $SPECGGUF_API_KEY)")
     ap.add_argument("--queue", type=int, default=16, help="requests that may wait while one runs (16); "
                     "beyond that: 503 with Retry-After")
     ap.add_argument("--model-id", help="the model name /v1/models reports (default: the target's file name)")
