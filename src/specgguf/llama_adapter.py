@@ -111,8 +111,12 @@ def prompt_agreement(target: LlamaModel, draft: LlamaModel, ids: Sequence[int], 
     or the race's lower bound s / (2 - s) (drafter-invariant). Returns
     ``(acceptance, positions measured)``; None for a prompt too short to say.
     The last prompt token is left to the first round, so the target does no
-    work twice."""
-    n = min(m, len(ids) - 2)
+    work twice; positions the target holds already (a prompt seen before,
+    a conversation's earlier turns) are not measured: scoring them again
+    cost a first call on a cached prompt 0.46 s here, 5% of four calls. The
+    draft's read-back of what it catches up on measures them instead
+    (:attr:`~specgguf.drafter.Draft.catchup`)."""
+    n = min(m, len(ids) - 2, target.lag(ids[:-1]))
     if n < 4:
         return None
     t_rows, d_rows = target.eval(ids[:-1], n), draft.eval(ids[:-1], n)
