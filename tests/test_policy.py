@@ -368,3 +368,26 @@ def test_a_probes_read_back_of_skipped_tokens_counts_as_evidence():
     firm = DraftPolicy(8, recorded(times))
     firm.update(3, 3, catchup=(2.0, 32))  # read-backs that disagree rule the draft out as firmly
     assert firm.best_k() == 0 and firm.probe() == 0
+
+
+def test_the_guard_stops_drafting_that_delivers_less_than_plain():
+    """When recent drafting rounds deliver under GUARD of plain decoding's
+    rate, drafting stops and the acceptance counts are mostly forgotten:
+    the estimate lagged a change (greedy calls, then sampling at 0.8 by
+    sample-and-compare: 13 losing rounds before the counts caught up)."""
+    policy = DraftPolicy(8, online_costs=True)
+    play(policy, 0.97, 200, np.random.default_rng(7), BOARD)
+    assert policy.drafting and policy.acceptance.per_position()[0] > 0.9
+    before = policy.acceptance.totals()[1]
+    m = DraftPolicy.DELIVERED_MEMORY
+    policy.delivered = [1.0 / (1 - m), BOARD[8] / (1 - m), 1.0 / (1 - m)]  # one token per K = 8 round
+    policy.since_plain = 0  # no plain round due to re-time it
+    assert policy.choose() == 0 and not policy.drafting
+    assert policy.acceptance.totals()[1] < 0.5 * before and policy.delivered == [0.0, 0.0, 0.0]
+    # Through rounds: where a draft token costs half a target step, a draft
+    # that turns poor is dropped within a few rounds.
+    policy = DraftPolicy(8, online_costs=True)
+    play(policy, 0.97, 200, np.random.default_rng(7), HERE)
+    ks = play(policy, 0.2, 40, np.random.default_rng(8), HERE)
+    assert 0 in ks[:10]
+    assert all(k <= DraftPolicy.PROBE_K for k in ks[-30:])  # plain decoding, and short probes at most

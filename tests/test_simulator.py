@@ -79,8 +79,8 @@ def test_auto_k_against_the_best_fixed_k(trace):
 FLOOR = {
     "here, good draft (0.9)": 0.98,
     "here, poor draft (0.55)": 0.985,
-    "board, draft 0.75": 0.975,
-    "here, acceptance 0.9 then 0.35": 0.95,
+    "board, draft 0.75": 0.99,
+    "here, acceptance 0.9 then 0.35": 0.975,
     "here, good draft, busy bursts": 0.965,
     "recorded here: F32 target, Q4_1 draft (good)": 0.97,
     "recorded here: F32 target, Q2_K draft (poor)": 0.985,

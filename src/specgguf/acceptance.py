@@ -150,6 +150,14 @@ class AcceptanceEstimate:
         self.run.decay(self.decay)
         self.run_decay *= self.decay
 
+    def forget(self, f: float) -> None:
+        """Scale every count by ``f``: what rounds delivered contradicted the
+        estimate (the draft's acceptance changed: new text, a new regime),
+        so the recent evidence should decide."""
+        self.before.decay(f)
+        self.run.decay(f)
+        self.run_decay *= f
+
     def observe_skipped(self, accepted: float, positions: int) -> None:
         """The draft's agreement on ``positions`` emitted tokens it had skipped
         (``accepted``: their expected acceptances), read back as it caught

@@ -106,6 +106,7 @@ class Arms:
         # drafted through a spell looked slow against a stale plain time, and
         # the policy stopped drafting for the spell (simulator: 0.89 of the best K).
         self.speed = 1.0
+        self._fit: Optional[tuple] = None  # (_fit_line(),), kept until a round is timed
 
     def observe(self, k: int, seconds: Optional[float]) -> None:
         """A round at K = k that took ``seconds`` (None: not timed)."""
@@ -116,6 +117,7 @@ class Arms:
                 self.speed *= (seconds / self.time(k)) ** self.FOLLOW
             self.seconds[k] = self.seconds[k] * self.MEMORY + seconds / self.speed
             self.timed[k] = self.timed[k] * self.MEMORY + 1.0
+            self._fit = None
 
     def observe_catchup(self, seconds: float, tokens: int) -> None:
         per = seconds / tokens
@@ -134,6 +136,11 @@ class Arms:
         return self.speed * self.seconds[ref] / self.timed[ref] * self._prior(k, ref)
 
     def _line(self) -> Optional[tuple]:
+        if self._fit is None:
+            self._fit = (self._fit_line(),)
+        return self._fit[0]
+
+    def _fit_line(self) -> Optional[tuple]:
         """(a, b): S(k) = a + b k for k >= 1 (relative to the shared speed),
         fitted to the K timed, weighted by their rounds; None below two K.
         Measured here and on a board, S is close to a line past K = 0 (the
@@ -200,6 +207,11 @@ class DraftPolicy:
     EXPLORE = 0.03        # the upper-confidence bonus's scale, relative to a K's rate
     PROBE_K = 3           # drafts per probe: the catch-up dominates its cost, so learn several
     PROBE_MARGIN = 1.10   # probe only if the draft could beat plain decoding by this
+    GUARD = 0.7           # stop when recent drafting rounds delivered below this times plain's rate
+    DELIVERED_MEMORY = 0.8  # per drafting round, on what the guard reads: about the last five
+    FORGET = 0.2          # what is kept of the acceptance counts when the guard fires
+    HORIZON = 100         # tokens left when the caller cannot say (DraftModel): without one, each
+                          # probe at T=0.8 caught up on a whole previous answer, 0.85x plain
     PROBE_ODDS = 0.2      # the chance a probe finds the optimistic acceptance: its catch-up is weighed against it
 
     def __init__(self, k_max: int = 8, costs: Optional[CostModel] = None, *, online_costs: bool = False,
@@ -217,6 +229,7 @@ class DraftPolicy:
         self.since_plain = 0   # rounds since the last plain one
         self.lag = 0           # the lag the last choice was made at
         self.after_miss = False  # the last round ended in a rejection (see acceptance.Counts)
+        self.delivered = [0.0, 0.0, 0.0]  # tokens, seconds, rounds of recent timed drafting rounds (decayed)
 
     def rates(self, acc: Optional[Sequence[float]] = None) -> List[float]:
         """Expected tokens per second (or per unit) for K = 0..k_max."""
@@ -230,12 +243,13 @@ class DraftPolicy:
         return k if r[k] > r[0] else 0
 
     def repays(self, k: int, remaining: Optional[int], lag: int, r: Sequence[float], odds: float = 1.0) -> bool:
-        """Whether drafting k over the ``remaining`` tokens saves more (times
-        ``odds``) than the draft's catch-up on ``lag`` tokens costs (a long
-        prompt before a short answer may not be worth it)."""
-        if remaining is None or lag <= 2:
+        """Whether drafting k over the ``remaining`` tokens (None: HORIZON)
+        saves more (times ``odds``) than the draft's catch-up on ``lag``
+        tokens costs (a long prompt before a short answer may not be worth it)."""
+        if lag <= 2:
             return True
-        return odds * remaining * (1.0 / r[0] - 1.0 / r[k]) > self.arms.catchup_cost(lag - 2)
+        left = self.HORIZON if remaining is None else remaining
+        return odds * left * (1.0 / r[0] - 1.0 / r[k]) > self.arms.catchup_cost(lag - 2)
 
     def choose(self, remaining: Optional[int] = None, lag: int = 0) -> int:
         """K for the next round; ``remaining``: tokens left to generate (None:
@@ -245,7 +259,7 @@ class DraftPolicy:
         explore = [x * (1.0 + self.EXPLORE * self.arms.bonus(k)) for k, x in enumerate(r)] if self.online else r
         k = max(range(1, self.k_max + 1), key=lambda k: (explore[k], -k))
         margin = self.STAY_MARGIN if self.drafting else self.DRAFT_MARGIN
-        if explore[k] <= margin * r[0] or not self.repays(k, remaining, lag, explore):
+        if (explore if self.drafting else r)[k] <= margin * r[0] or not self.repays(k, remaining, lag, explore):
             k = 0
         self.drafting = k > 0
         if k == 0:
@@ -253,7 +267,22 @@ class DraftPolicy:
             k = self.probe(remaining, lag)
         elif self.online and self.since_plain >= (self.BASELINE_EVERY if self.arms.timed[0] else 2):
             k = 0  # re-time plain decoding; early if never timed (the first round also read the prompt)
+        elif self._losing():
+            k = 0
         return k
+
+    def _losing(self) -> bool:
+        """The guard: recent drafting rounds delivered fewer tokens per second
+        than plain decoding takes (by GUARD). The estimate then lags what
+        happened (a llama-cpp-python Llama sampling at 0.8 after greedy
+        calls: 13 losing rounds), so its evidence is mostly forgotten."""
+        tokens, seconds, rounds = self.delivered
+        if rounds < 3 or not self.arms.timed[0] or tokens / seconds >= self.GUARD / self.arms.time(0):
+            return False
+        self.acceptance.forget(self.FORGET)
+        self.delivered = [0.0, 0.0, 0.0]
+        self.drafting = False
+        return True
 
     def probe(self, remaining: Optional[int] = None, lag: int = 0) -> int:
         """K for a probe from plain decoding, or 0: PROBE_K if, at the
@@ -292,5 +321,10 @@ class DraftPolicy:
         caught_up = drafted > 0 and self.lag > 2
         if self.online and seconds is not None and caught_up and first_seconds:
             self.arms.observe_catchup(first_seconds, self.lag)
-        self.arms.observe(drafted, None if (caught_up or not self.online) else seconds)
+        timed = None if (caught_up or not self.online) else seconds
+        self.arms.observe(drafted, timed)
+        if drafted and timed:
+            m = self.DELIVERED_MEMORY
+            self.delivered = [self.delivered[0] * m + accepted + 1, self.delivered[1] * m + timed,
+                              self.delivered[2] * m + 1.0]
         self.since_plain = 0 if drafted == 0 else self.since_plain + 1
