@@ -1,0 +1,231 @@
+"""k="auto" on every path a user can take, from an empty state folder.
+
+Paths: the CLI (one process per call, as a shell user runs it), ``generate``
+with model paths, ``generate`` with ``llama_cpp.Llama`` objects,
+``SpeculativeLlama``, ``specgguf serve`` driven by the openai client, and
+``Llama(draft_model=DraftModel(...))``. Each repetition is a fresh process
+(fresh ``serve``, fresh CLI processes) with its own empty state folder: no
+stored costs, no learned acceptance, no calibration. It is how a new user
+meets the product; nothing is warmed or calibrated first.
+
+In that process, calls of --tokens tokens go through the path in turns: for
+each prompt, every K asked for (``auto`` and fixed K) in a rotating order,
+so every K sees the same prompts, seeds and stretch of the machine's speed.
+k="auto" learns across the calls as it would for a user (the fixed-K calls
+touch nothing it learns). Printed per path and temperature: tokens/s per K
+(median over repetitions of each process's total), and two ratios measured
+in the same processes: auto / the best fixed K (the issue's good-draft
+target: >= 0.95) and auto / plain decoding (k=0; the poor draft's floor:
+>= 0.98). For DraftModel, k=0 is DraftModel(k=0) on the same Llama (llama-
+cpp-python then decodes one token a step, with logits_all as any draft forces).
+
+Regime: the default SmolLM2 pair on this machine (an F32 135M target whose
+Q4_1 draft costs about half a target step: drafting's ceiling is 1.2-1.4x;
+--draft smollm2-135m-q2_k is the poor draft). Timings run alone; nothing
+else may use the CPU.
+
+    .venv/bin/python bench/paths.py [--paths cli,generate,generate-llama,speculative-llama,serve,draftmodel]
+        [--draft smollm2-135m-q4_1] [--ks auto,0,4,8] [--temps 0,0.8] [--reps 2] [--prompts 4] [--tokens 96]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PATHS = ("cli", "generate", "generate-llama", "speculative-llama", "serve", "draftmodel")
+PROMPTS = [
+    "Write a detailed essay about the history of the printing press.",
+    "Explain, step by step, how a bicycle stays upright while moving.",
+    "Write a short story about a robot who learns to paint.",
+    "Describe how a compiler turns source code into a running program.",
+    "Write a letter to a friend about a trip to the mountains.",
+    "Explain why the seasons change over the course of a year.",
+    "Give a beginner's guide to growing tomatoes on a balcony.",
+    "Tell the story of a lighthouse keeper during a storm.",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def kval(k: str):
+    return k if k == "auto" else int(k)
+
+
+class Caller:
+    """One path, loaded in this process: ``call(prompt, k, temp, seed) -> (tokens, seconds)``."""
+
+    def __init__(self, path: str, target: str, draft: str, args) -> None:
+        import specgguf
+        from specgguf import models
+        self.path, self.args, self.n = path, args, args.tokens
+        self.names = (target, draft)
+        self.files = (str(models.resolve_model(target)), str(models.resolve_model(draft)))
+        self.proc = None
+        if path == "speculative-llama":
+            self.llm = specgguf.SpeculativeLlama(target, draft, n_threads=args.threads)
+        elif path == "generate-llama":
+            import llama_cpp
+            load = lambda f: llama_cpp.Llama(f, n_ctx=2048, n_threads=args.threads, verbose=False)
+            self.objs = (load(self.files[0]), load(self.files[1]))
+        elif path == "draftmodel":
+            import llama_cpp
+            self.drafts = {k: specgguf.DraftModel(draft, k=kval(k), n_threads=args.threads, n_ctx=2048)
+                           for k in args.ks}
+            self.llm = llama_cpp.Llama(self.files[0], n_ctx=2048, n_threads=args.threads, verbose=False,
+                                       draft_model=self.drafts[args.ks[0]])
+        elif path == "serve":
+            self._start_server()
+
+    def _start_server(self) -> None:
+        import httpx
+        import openai
+        port = free_port()
+        self.proc = subprocess.Popen([sys.executable, "-m", "specgguf", "serve", "--port", str(port),
+                                      "--threads", str(self.args.threads)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(600):
+            try:
+                if httpx.get(base + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        else:
+            raise RuntimeError("specgguf serve did not come up")
+        self.client = openai.OpenAI(base_url=base + "/v1", api_key="none")
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+
+    def call(self, prompt: str, k: str, temp: float, seed: int) -> tuple:
+        import specgguf
+        msgs = [{"role": "user", "content": prompt}]
+        t0 = time.perf_counter()
+        if self.path == "cli":
+            out = subprocess.run([sys.executable, "-m", "specgguf", "-p", prompt, "--chat", "-n", str(self.n),
+                                  "-k", k, "--temp", str(temp), "--seed", str(seed), "--json",
+                                  "--threads", str(self.args.threads)], capture_output=True, text=True, check=True)
+            s = json.loads(out.stdout)["stats"]
+            return s["completion_tokens"], s["seconds"]  # the generation, not the process's load
+        if self.path == "speculative-llama":
+            r = self.llm.generate(msgs, max_tokens=self.n, k=kval(k), temperature=temp, seed=seed)
+            n = len(r.tokens)
+        elif self.path in ("generate", "generate-llama"):
+            t, d = self.objs if self.path == "generate-llama" else self.names
+            r = specgguf.generate(msgs, target=t, draft=d, max_tokens=self.n, k=kval(k), temperature=temp,
+                                  seed=seed, n_threads=self.args.threads)
+            n = len(r.tokens)
+        elif self.path == "serve":
+            r = self.client.chat.completions.create(model="specgguf", messages=msgs, max_tokens=self.n,
+                                                    temperature=temp, seed=seed, extra_body={"k": kval(k)})
+            n = r.usage.completion_tokens
+        else:  # draftmodel
+            self.llm.draft_model = self.drafts[k]
+            r = self.llm.create_chat_completion(msgs, max_tokens=self.n, temperature=temp, seed=seed)
+            n = r["usage"]["completion_tokens"]
+        return n, time.perf_counter() - t0
+
+
+def child(args) -> None:
+    caller = Caller(args.child, *args.pair, args)
+    try:
+        caller.call(PROMPTS[-1], args.ks[-1], 0.0, 0)  # loads, first-touch of the weights: not timed
+        for temp in args.temps:
+            for i, prompt in enumerate(PROMPTS[:args.prompts]):
+                order = args.ks[i % len(args.ks):] + args.ks[:i % len(args.ks)]
+                for k in order:
+                    n, s = caller.call(prompt, k, temp, 1000 + i)
+                    print(json.dumps({"temp": temp, "k": k, "prompt": i, "tokens": n, "seconds": s}), flush=True)
+    finally:
+        caller.close()
+
+
+def run_child(path: str, args) -> list:
+    env = dict(os.environ, SPECGGUF_STATE=tempfile.mkdtemp(prefix="specgguf-paths-"))
+    cmd = [sys.executable, __file__, "--child", path, "--draft", args.draft, "--target", args.target,
+           "--ks", ",".join(args.ks), "--temps", ",".join(map(str, args.temps)), "--prompts", str(args.prompts),
+           "--tokens", str(args.tokens), "--threads", str(args.threads)]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"{path} failed:\n{out.stderr[-3000:]}")
+    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+
+
+def summarize(path: str, temp: float, procs: list, ks: list) -> str:
+    """One table row: tokens/s per K (median over processes), and auto against the best fixed K and k=0."""
+    rates = {k: [] for k in ks}
+    vs_best, vs_plain = [], []
+    for rows in procs:
+        mine = [r for r in rows if r["temp"] == temp]
+        per = {k: sum(r["tokens"] for r in mine if r["k"] == k) / sum(r["seconds"] for r in mine if r["k"] == k)
+               for k in ks}
+        for k in ks:
+            rates[k].append(per[k])
+        fixed = [k for k in ks if k != "auto"]
+        if "auto" in per and fixed:
+            vs_best.append(per["auto"] / max(per[k] for k in fixed))
+        if "auto" in per and "0" in per:
+            vs_plain.append(per["auto"] / per["0"])
+    pairs = sum(1 for rows in procs for r in rows if r["temp"] == temp and r["k"] == "auto")
+    cells = " | ".join(f"{statistics.median(rates[k]):.1f}" for k in ks)
+    ratio = lambda xs: f"{statistics.median(xs):.3f} ({min(xs):.3f}-{max(xs):.3f})" if xs else "-"
+    return f"| {path} | {temp:g} | {cells} | {ratio(vs_best)} | {ratio(vs_plain)} | {pairs} |"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--paths", default=",".join(PATHS))
+    ap.add_argument("--target", default="smollm2-135m-f32")
+    ap.add_argument("--draft", default="smollm2-135m-q4_1")
+    ap.add_argument("--ks", default="auto,0,4,8", help="K per call: auto and fixed K, comma-separated")
+    ap.add_argument("--temps", default="0,0.8")
+    ap.add_argument("--reps", type=int, default=2, help="fresh processes per path")
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=96)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    args.ks = args.ks.split(",")
+    args.temps = [float(t) for t in args.temps.split(",")]
+    args.pair = (args.target, args.draft)
+    if args.child:
+        return child(args)
+    paths = args.paths.split(",")
+    bad = [p for p in paths if p not in PATHS]
+    if bad:
+        ap.error(f"unknown path(s) {bad}; choose from {', '.join(PATHS)}")
+    results = {p: [] for p in paths}
+    for rep in range(args.reps):
+        for p in paths[rep % len(paths):] + paths[:rep % len(paths)]:
+            t0 = time.time()
+            results[p].append(run_child(p, args))
+            print(f"# rep {rep + 1}/{args.reps} {p}: {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+    print(f"\n{args.target} + {args.draft}, {args.tokens} tokens x {args.prompts} prompts per K per process, "
+          f"{args.reps} fresh processes per path, each from an empty state folder\n")
+    print("| path | T | " + " | ".join(f"k={k} tok/s" for k in args.ks)
+          + " | auto / best fixed K | auto / k=0 | auto calls |")
+    print("|---|---|" + "---|" * len(args.ks) + "---|---|---|")
+    for p in paths:
+        for temp in args.temps:
+            print(summarize(p, temp, results[p], args.ks))
+
+
+if __name__ == "__main__":
+    main()
