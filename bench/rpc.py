@@ -29,15 +29,9 @@ import threading
 import time
 
 import numpy as np
+from common import PROMPTS as ALL_PROMPTS, free_port  # bench/common.py
 
-PROMPTS = ["Write a detailed essay about the history of the printing press.",
-           "Explain, step by step, how a bicycle stays upright while moving."]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+PROMPTS = ALL_PROMPTS[:2]
 
 
 class DelayRelay:

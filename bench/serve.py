@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,22 +28,13 @@ import time
 
 import httpx
 import numpy as np
+from common import PROMPTS as ALL_PROMPTS, free_port  # bench/common.py
+
+PROMPTS = ALL_PROMPTS[:3]
 
 # One client for every request: a new httpx client per request spends tens of
 # milliseconds building its TLS context, which is the client's cost, not the server's.
 CLIENT = httpx.Client(timeout=300)
-
-PROMPTS = [
-    "Write a detailed essay about the history of the printing press.",
-    "Explain, step by step, how a bicycle stays upright while moving.",
-    "Write a short story about a robot who learns to paint.",
-]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(cmd, url, env=None):

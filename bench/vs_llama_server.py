@@ -36,7 +36,6 @@ import argparse
 import concurrent.futures as cf
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -45,24 +44,9 @@ import time
 from pathlib import Path
 
 import httpx
+from common import PROMPTS, free_port  # bench/common.py
 
 ROOT = Path(__file__).resolve().parent.parent
-PROMPTS = [
-    "Write a detailed essay about the history of the printing press.",
-    "Explain, step by step, how a bicycle stays upright while moving.",
-    "Write a short story about a robot who learns to paint.",
-    "Describe how a compiler turns source code into a running program.",
-    "Write a letter to a friend about a trip to the mountains.",
-    "Explain why the seasons change over the course of a year.",
-    "Give a beginner's guide to growing tomatoes on a balcony.",
-    "Tell the story of a lighthouse keeper during a storm.",
-]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def llama_server_binary() -> str:
