@@ -44,6 +44,13 @@ class Counts:
         self.total[0] += accepted
         self.total[1] += verified
 
+    def add_everywhere(self, rate: float, weight: float) -> None:
+        """A measured acceptance ``rate`` worth ``weight`` observations at every
+        position (and the after-a-rejection slot), counted once overall."""
+        self.accepted = [a + rate * weight for a in self.accepted]
+        self.verified = [v + weight for v in self.verified]
+        self.total = [self.total[0] + rate * weight, self.total[1] + weight]
+
     def add_unconditional(self, accepted: float, verified: int) -> None:
         """Positions scored one by one from the true context (a catch-up's
         read-back): each is what a round's first draft token is."""
@@ -105,9 +112,7 @@ class AcceptanceEstimate:
         once overall; observations decay it like any other evidence."""
         if not 0.0 <= rate <= 1.0:
             raise ValueError(f"a measured acceptance must be in [0, 1], got {rate!r}")
-        self.before.accepted = [a + rate * weight for a in self.before.accepted]
-        self.before.verified = [v + weight for v in self.before.verified]
-        self.before.total = [self.before.total[0] + rate * weight, self.before.total[1] + weight]
+        self.before.add_everywhere(rate, weight)
 
     def knows_nothing(self) -> bool:
         """No prior, no stored evidence, no observation yet."""
@@ -146,14 +151,17 @@ class AcceptanceEstimate:
     def _new_evidence(self) -> None:
         # Decay per observation, so rounds without drafting do not erase what was learned.
         self.rounds_without_evidence = 0
-        self.before.decay(self.decay)
-        self.run.decay(self.decay)
-        self.run_decay *= self.decay
+        self.forget(self.decay)
+
+    def idle(self) -> None:
+        """A round that drafted nothing: the evidence that rules probes out thins (``optimistic``)."""
+        self.rounds_without_evidence += 1
 
     def forget(self, f: float) -> None:
-        """Scale every count by ``f``: what rounds delivered contradicted the
-        estimate (the draft's acceptance changed: new text, a new regime),
-        so the recent evidence should decide."""
+        """Scale every count by ``f`` (``before`` and this run's alike, so the
+        hand-over stays ``stored * run_decay + counts``). Each observation
+        does it at ``decay``; the policy's guard does it at once when what
+        rounds delivered contradicted the estimate."""
         self.before.decay(f)
         self.run.decay(f)
         self.run_decay *= f

@@ -7,20 +7,24 @@ the target's batched forward, warp, verify and Python. K = 0 is plain
 decoding. The policy drafts the K with the most tokens per second,
 E(K) / S(K), judged by what rounds delivered, not by modelled parts:
 
-* :class:`Arms` keeps, per K, discounted sums of this run's rounds: their
-  wall times and the tokens they emitted. A K not timed yet borrows the shape
-  of a :class:`CostModel` prior (stored round times, or the built-in one:
-  whichever is cheaper, so no record keeps a K from being measured), scaled
-  by the nearest K timed here: fresh processes on one machine differ by 20%
-  in speed, their ratios much less.
-* :class:`AcceptanceEstimate` pools every round's verdicts per draft
-  position, so E(K) of a K rarely drafted is known from the others; a K's
-  own measured tokens are blended in as they come.
+* :class:`Arms` keeps, per K, discounted sums of this run's round wall
+  times, relative to one speed every K shares (a busy spell or a slower
+  process moves every K alike). A K not timed yet lies on the line fitted
+  through the timed ones; before two are timed, it borrows the shape of a
+  :class:`CostModel` prior (stored round times, or the built-in one:
+  whichever is cheaper, so no record keeps a K from being measured).
+* :class:`~specgguf.acceptance.AcceptanceEstimate` pools every round's
+  verdicts per draft position, so E(K) of a K rarely drafted is known from
+  the others (a K's own tokens, tried as well, chased the text a K happened
+  to meet); a round after a rejection has its own first position.
 * Exploration: an upper-confidence bonus for K timed rarely or long ago
   (counts discounted every round, so drift is followed); one plain round in
-  ``BASELINE_EVERY`` re-times plain decoding, which guards every choice;
-  from plain decoding, a probe only when the optimistic acceptance says the
-  draft could pay and the tokens left would repay the draft's catch-up.
+  ``BASELINE_EVERY`` re-times plain decoding; from plain decoding, a probe
+  only when the optimistic acceptance says the draft could pay and the
+  tokens left would repay the draft's catch-up.
+* The guard: when the last few drafting rounds delivered under ``GUARD`` of
+  plain decoding's rate, drafting stops and the acceptance counts are
+  mostly forgotten.
 
 Nothing here touches models, files or the clock: the caller reports each
 round (:meth:`DraftPolicy.update`) and asks for the next K (:meth:`DraftPolicy.choose`).
@@ -219,8 +223,12 @@ class DraftPolicy:
         if k_max < 1:
             raise ValueError(f"k_max must be >= 1, got {k_max}")
         self.k_max, self.online = k_max, online_costs
-        priors = [costs] if costs is not None and (costs.seconds and not online_costs) else []
-        priors = priors or ([costs, CostModel()] if costs is not None else [CostModel()])
+        if costs is None:
+            priors = [CostModel()]
+        elif costs.seconds and not online_costs:
+            priors = [costs]  # clock-blind: it can never measure, so it keeps to the record
+        else:
+            priors = [costs, CostModel()]
         self.arms = Arms(k_max, priors)
         self.acceptance = AcceptanceEstimate(k_max, prior, self.DECAY if decay is None else decay)
         self.by_confidence = ConfidenceBins()
@@ -238,7 +246,9 @@ class DraftPolicy:
 
     def best_k(self) -> int:
         """The K with the best expected rate (0 unless drafting is expected to win at all)."""
-        r = self.rates()
+        return self._best(self.rates())
+
+    def _best(self, r: Sequence[float]) -> int:
         k = max(range(1, self.k_max + 1), key=lambda k: (r[k], -k))
         return k if r[k] > r[0] else 0
 
@@ -263,26 +273,24 @@ class DraftPolicy:
             k = 0
         self.drafting = k > 0
         if k == 0:
-            self.acceptance.rounds_without_evidence += 1
+            self.acceptance.idle()
             k = self.probe(remaining, lag)
         elif self.online and self.since_plain >= (self.BASELINE_EVERY if self.arms.timed[0] else 2):
             k = 0  # re-time plain decoding; early if never timed (the first round also read the prompt)
         elif self._losing():
+            # The estimate lags what happened (a llama-cpp-python Llama sampling
+            # at 0.8 after greedy calls: 13 losing rounds): mostly forget it.
+            self.acceptance.forget(self.FORGET)
+            self.delivered = [0.0, 0.0, 0.0]
+            self.drafting = False
             k = 0
         return k
 
     def _losing(self) -> bool:
         """The guard: recent drafting rounds delivered fewer tokens per second
-        than plain decoding takes (by GUARD). The estimate then lags what
-        happened (a llama-cpp-python Llama sampling at 0.8 after greedy
-        calls: 13 losing rounds), so its evidence is mostly forgotten."""
+        than GUARD times plain decoding's rate."""
         tokens, seconds, rounds = self.delivered
-        if rounds < 3 or not self.arms.timed[0] or tokens / seconds >= self.GUARD / self.arms.time(0):
-            return False
-        self.acceptance.forget(self.FORGET)
-        self.delivered = [0.0, 0.0, 0.0]
-        self.drafting = False
-        return True
+        return rounds >= 3 and bool(self.arms.timed[0]) and tokens / seconds < self.GUARD / self.arms.time(0)
 
     def probe(self, remaining: Optional[int] = None, lag: int = 0) -> int:
         """K for a probe from plain decoding, or 0: PROBE_K if, at the
@@ -301,8 +309,9 @@ class DraftPolicy:
         if self.p_min_setting != "auto":
             return None if self.p_min_setting is None else float(self.p_min_setting)
         # One more draft token costs S(k+1) - S(k): at the best rate, worth `need` tokens.
-        k = max(1, min(self.best_k(), self.k_max - 1))
-        return self.by_confidence.cutoff((self.arms.time(k + 1) - self.arms.time(k)) * self.rates()[k])
+        r = self.rates()
+        k = max(1, min(self._best(r), self.k_max - 1))
+        return self.by_confidence.cutoff((self.arms.time(k + 1) - self.arms.time(k)) * r[k])
 
     def update(self, drafted: int, accepted: int, confidences: Optional[Sequence[float]] = None,
                seconds: Optional[float] = None, first_seconds: Optional[float] = None,
