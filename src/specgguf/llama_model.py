@@ -89,26 +89,85 @@ def machine_id(n_threads: int) -> str:
     return f"{platform.machine()}|{cpu}|{os.cpu_count()}|llama {llama_cpp.__version__} {build}|threads {n_threads}"
 
 
+def slot_context(llm: "llama_cpp.Llama", slots: int, slot_ctx: int):
+    """A llama.cpp context over ``llm``'s weights with room for ``slots``
+    sequences of ``slot_ctx`` tokens each, in one unified KV cache (as
+    llama-server's default): a batch mixing the sequences' tokens, a
+    different number per sequence, runs as one ubatch (a split KV cache
+    splits such a batch into one ubatch per distinct count). Settings
+    (threads, flash attention, batch size) are ``llm``'s own."""
+    params = llama_cpp.llama_context_params.from_buffer_copy(llm.context_params)
+    params.n_ctx = slots * slot_ctx
+    params.n_seq_max = slots
+    params.kv_unified = True
+    ctx = llama_cpp.llama_init_from_model(llm.model, params)
+    if not ctx:
+        raise MemoryError(f"llama.cpp could not make a context for {slots} sequences of {slot_ctx} tokens "
+                          "(out of memory? use fewer slots, e.g. a smaller --parallel, or a smaller context)")
+    return ctx
+
+
+def kv_bytes_per_token(llm: "llama_cpp.Llama") -> int:
+    """Bytes one token takes in the KV cache (keys and values, every layer, f16)."""
+    m = llm.model
+    n_embd, n_head = llama_cpp.llama_model_n_embd(m), max(1, llama_cpp.llama_model_n_head(m))
+    kv = llama_cpp.llama_model_n_head_kv(m) * (n_embd // n_head)
+    return int(llama_cpp.llama_model_n_layer(m)) * 2 * int(kv) * 2
+
+
+def check_slot_memory(llms: Sequence["llama_cpp.Llama"], slots: int, slot_ctx: int) -> int:
+    """Raise ValueError, naming ``--parallel``, when ``slots`` sequences of
+    ``slot_ctx`` tokens in every model's KV cache would not fit in the
+    memory available now (with a fifth to spare for the compute buffers).
+    Returns the bytes it estimated."""
+    need = sum(kv_bytes_per_token(m) for m in llms) * slots * slot_ctx
+    avail = available_memory()
+    if avail is not None and need * 1.25 > avail:
+        raise ValueError(f"{slots} slots (--parallel {slots}) of {slot_ctx} tokens need about {need >> 20} MiB "
+                         f"of KV cache, more than the {avail >> 20} MiB available with room to spare: use a "
+                         "smaller --parallel or a smaller context (--ctx)")
+    return need
+
+
+def available_memory() -> Optional[int]:
+    """Bytes of memory available to a new allocation (Linux's MemAvailable), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 class LlamaModel:
-    """One model's KV-cache bookkeeping over the llama.cpp C API.
+    """One model's KV-cache bookkeeping over the llama.cpp C API, for one
+    sequence or several (slots, each with its own KV range).
 
     Args:
         llm: a loaded ``llama_cpp.Llama`` (its settings are kept).
         n_vocab: width of the logit rows returned (>= the model's own vocab;
             columns past it are -inf, i.e. zero mass).
+        slots: sequences held at once; above 1 the model gets a context of
+            its own (:func:`slot_context`) and ``llm``'s stays unused.
+        slot_ctx: tokens per sequence (slots > 1; default ``llm``'s n_ctx).
     """
 
-    def __init__(self, llm: "llama_cpp.Llama", n_vocab: Optional[int] = None) -> None:
+    def __init__(self, llm: "llama_cpp.Llama", n_vocab: Optional[int] = None, slots: int = 1,
+                 slot_ctx: Optional[int] = None) -> None:
         self.llm = llm
-        self.ctx = llm.ctx
+        self.own_ctx = slot_context(llm, slots, slot_ctx or llm.n_ctx()) if slots > 1 else None
+        self.ctx = self.own_ctx or llm.ctx
         self.vocab = llama_cpp.llama_model_get_vocab(llm.model)
         self.model_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
         self.n_vocab = n_vocab or self.model_vocab
-        self.n_ctx = int(llama_cpp.llama_n_ctx(self.ctx))
+        self.slots = slots
+        self.n_ctx = int(llama_cpp.llama_n_ctx(self.ctx)) // slots  # per sequence
         self.n_batch = max(1, int(llama_cpp.llama_n_batch(self.ctx)))
         self.mem = llama_cpp.llama_get_memory(self.ctx)
         self.batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
-        self.tokens: List[int] = []  # what the KV cache holds, in order
+        self.cache: List[List[int]] = [[] for _ in range(slots)]  # what each sequence's KV holds, in order
         self.seconds = 0.0  # time spent in llama_decode and reading logits
         self.reset()
 
@@ -117,62 +176,87 @@ class LlamaModel:
         if batch is not None:
             llama_cpp.llama_batch_free(batch)
             self.batch = None
+        if getattr(self, "own_ctx", None) is not None:
+            llama_cpp.llama_free(self.own_ctx)
+            self.own_ctx = None
+
+    @property
+    def tokens(self) -> List[int]:
+        """What sequence 0's KV cache holds."""
+        return self.cache[0]
 
     def reset(self) -> None:
-        """Empty the KV cache; the ``Llama`` object re-evaluates from scratch next time."""
+        """Empty the KV cache (every sequence); the ``Llama`` object re-evaluates from scratch next time."""
         llama_cpp.llama_memory_clear(self.mem, True)
-        self.tokens = []
-        self.llm.n_tokens = 0  # keep Llama's own prefix cache honest
+        self.cache = [[] for _ in range(self.slots)]
+        if self.own_ctx is None:
+            self.llm.n_tokens = 0  # keep Llama's own prefix cache honest
 
-    def lag(self, seq: Sequence[int]) -> int:
-        """Tokens of ``seq`` the KV cache does not hold (what eval would evaluate)."""
-        return len(seq) - common_prefix(self.tokens, seq)
+    def lag(self, seq: Sequence[int], slot: int = 0) -> int:
+        """Tokens of ``seq`` the slot's KV cache does not hold (what eval would evaluate)."""
+        return len(seq) - common_prefix(self.cache[slot], seq)
 
-    def _cut(self, keep: int) -> None:
-        if keep < len(self.tokens):
-            if not llama_cpp.llama_memory_seq_rm(self.mem, 0, keep, -1):
+    def _cut(self, slot: int, keep: int) -> None:
+        held = self.cache[slot]
+        if keep < len(held):
+            if not llama_cpp.llama_memory_seq_rm(self.mem, slot, keep, -1):
                 raise ValueError("this model cannot drop part of its KV cache (recurrent or hybrid "
                                  "architecture); specgguf needs a transformer model")
-            del self.tokens[keep:]
+            del held[keep:]
 
     def eval(self, seq: Sequence[int], n_logits: int) -> np.ndarray:
         """Make the KV cache hold ``seq``; return logits ``[n_logits, n_vocab]``
         float32 for its last ``n_logits`` positions (row i predicts the token
         after ``seq[:len(seq) - n_logits + i + 1]``)."""
-        n = len(seq)
-        if n > self.n_ctx:
-            raise ValueError(f"sequence of {n} tokens does not fit the context window of {self.n_ctx}")
-        self._cut(common_prefix(self.tokens, seq, n - n_logits))
-        out = np.empty((n_logits, self.n_vocab), dtype=np.float32)
-        out[:, self.model_vocab:] = -np.inf
+        return self.eval_many([(0, seq, n_logits)])[0]
+
+    def eval_many(self, work: Sequence[tuple]) -> List[np.ndarray]:
+        """:meth:`eval` for several slots in as few ``llama_decode`` calls as
+        the batch size allows (one, in a decoding round): ``work`` holds
+        ``(slot, seq, n_logits)``; returns each one's ``[n_logits, n_vocab]``
+        float32 logits. On any failure every slot's cache is emptied (its
+        state is unknown); the next call evaluates each sequence again."""
+        outs, todo = [], []
+        for slot, seq, n_logits in work:
+            n = len(seq)
+            if n > self.n_ctx:
+                raise ValueError(f"sequence of {n} tokens does not fit the context window of {self.n_ctx}")
+            self._cut(slot, common_prefix(self.cache[slot], seq, n - n_logits))
+            out = np.empty((n_logits, self.n_vocab), dtype=np.float32)
+            out[:, self.model_vocab:] = -np.inf
+            outs.append(out)
+            todo.extend((slot, pos, seq[pos], out, pos - (n - n_logits)) for pos in range(len(self.cache[slot]), n))
         t0 = time.perf_counter()
         try:
-            for start in range(len(self.tokens), n, self.n_batch):
-                self._decode(seq, start, min(n, start + self.n_batch), n - n_logits, out)
+            for start in range(0, len(todo), self.n_batch):
+                self._decode(todo[start:start + self.n_batch])
         except BaseException:
             # Unknown KV state after a failure or Ctrl-C: start clean next time.
             self.reset()
             raise
         finally:
             self.seconds += time.perf_counter() - t0
-        return out
+        return outs
 
-    def _decode(self, seq: Sequence[int], start: int, end: int, first_logit: int, out: np.ndarray) -> None:
+    def _decode(self, todo: Sequence[tuple]) -> None:
+        """One ``llama_decode`` of ``(slot, position, token, out, row)`` items
+        (row < 0: no logits wanted there)."""
         b = self.batch
-        b.n_tokens = end - start
-        for j, pos in enumerate(range(start, end)):
-            b.token[j] = seq[pos]
+        b.n_tokens = len(todo)
+        for j, (slot, pos, token, _, row) in enumerate(todo):
+            b.token[j] = token
             b.pos[j] = pos
             b.n_seq_id[j] = 1
-            b.seq_id[j][0] = 0
-            b.logits[j] = pos >= first_logit
+            b.seq_id[j][0] = slot
+            b.logits[j] = row >= 0
         rc = llama_cpp.llama_decode(self.ctx, b)
         if rc != 0:
             raise RuntimeError(f"llama_decode failed with code {rc}")
-        self.tokens.extend(seq[start:end])
-        for pos in range(max(start, first_logit), end):
-            ptr = llama_cpp.llama_get_logits_ith(self.ctx, pos - start)
-            ctypes.memmove(out[pos - first_logit].ctypes.data, ptr, self.model_vocab * 4)
+        width = self.model_vocab * 4
+        for j, (slot, _, token, out, row) in enumerate(todo):
+            self.cache[slot].append(token)
+            if row >= 0:
+                ctypes.memmove(out[row].ctypes.data, llama_cpp.llama_get_logits_ith(self.ctx, j), width)
 
     def token_text(self, token: int) -> bytes:
         return llama_cpp.llama_vocab_get_text(self.vocab, token) or b""
