@@ -23,6 +23,7 @@ import llama_cpp
 from .completions import CompletionMethods
 from .config import GenerationConfig
 from .decoder import SpeculativeDecoder
+from .engine import Engine
 from .learning import AUTO_K_MAX, Learning
 from .llama_adapter import calibrate, measure_acceptance
 from .llama_model import InUse, ModelLike
@@ -92,6 +93,10 @@ class SpeculativeLlama(CompletionMethods):
         self.names = self.pair.names
         self.learning = Learning(self.pair.state, self.pair.draft_model is None)
         self.guard = InUse("SpeculativeLlama")
+        self.engine: Optional[Engine] = None
+        if self.pair.slots > 1:  # several generations at once, in shared rounds
+            draft = self.pair.draft_model.model if self.pair.draft_model else None
+            self.engine = Engine(self.pair.target.model, draft, None if draft else self.pair.drafter, AUTO_K_MAX)
 
     @property
     def n_ctx(self) -> int:
@@ -118,6 +123,32 @@ class SpeculativeLlama(CompletionMethods):
                 return item
         raise RuntimeError("the generation ended without a result")  # unreachable
 
+    def generate_many(self, prompts: Sequence[Prompt], *, stream: bool = False, chat: bool = False,
+                      config: Optional[GenerationConfig] = None, **settings):
+        """:meth:`generate` for several prompts at once, with the same settings.
+
+        Loaded with ``parallel=N`` (N > 1), up to N run together in shared
+        rounds: one target forward per round verifies every request's draft,
+        and each output is exactly what that prompt gets alone (greedy, and
+        seeded sampling with the drafter-invariant rule). With ``parallel=1``
+        they run one after another. Every prompt and setting is checked
+        before any runs.
+
+        Returns:
+            a list of :class:`GenerationResult` in the prompts' order; with
+            ``stream=True`` an iterator of ``(index, text piece)`` as pieces
+            come, in whatever order the requests produce them.
+        """
+        runs = [self.run(p, chat=chat, config=config, **settings) for p in prompts]
+        merged = _merge(runs, max(1, self.pair.slots))
+        if stream:
+            return ((i, item) for i, item in merged if isinstance(item, str))
+        results: List[Optional[GenerationResult]] = [None] * len(runs)
+        for i, item in merged:
+            if isinstance(item, GenerationResult):
+                results[i] = item
+        return results
+
     def run(self, prompt: Prompt, *, chat: bool = False, config: Optional[GenerationConfig] = None,
             should_stop=None, **settings) -> Iterator[Union[str, GenerationResult]]:
         """Stream text pieces, then the :class:`GenerationResult` (with stats).
@@ -135,6 +166,9 @@ class SpeculativeLlama(CompletionMethods):
         return self._run(ids, config, should_stop)
 
     def _run(self, ids: List[int], config: GenerationConfig, should_stop) -> Iterator:
+        if self.engine is not None:
+            yield from self._run_slot(ids, config, should_stop)
+            return
         pair = self.pair
         with self.guard:
             if not pair.owns:
@@ -148,16 +182,32 @@ class SpeculativeLlama(CompletionMethods):
             out = TextStream(lambda t: pair.target_llm.detokenize([t], special=False), config.stop, pair.eog)
             produced: List[int] = []
             budget = min(config.max_tokens, self.n_ctx - len(ids))
-            yield from self._decode(dec, ids, budget, out, should_stop, produced)
+            tokens = dec.stream(ids, budget, stop_tokens=self.pair.eog)
+            yield from self._decode(tokens, out, should_stop, produced, self.pair.owns)
             seconds = time.perf_counter() - t0
             self.learning.finish(policy, config)
             yield self._result(dec, out, produced[:out.n_tokens()], len(ids), seconds, before)
 
-    def _decode(self, dec: SpeculativeDecoder, ids: List[int], budget: int, out: TextStream, should_stop,
-                produced: List[int]):
+    def _run_slot(self, ids: List[int], config: GenerationConfig, should_stop) -> Iterator:
+        """One generation among others in the engine's shared rounds (``parallel`` > 1)."""
+        pair = self.pair
+        t0, before = time.perf_counter(), pair.timers()
+        sampler = Sampler.from_config(config, origin=len(ids))
+        known = self.learning.prior(config) if config.k == "auto" else None
+        ticket = self.engine.submit(ids, min(config.max_tokens, self.n_ctx - len(ids)), pair.eog, sampler,
+                                    config.regime, None if config.k == "auto" else config.k, known,
+                                    pair.state.evidence(config.regime))
+        out = TextStream(lambda t: pair.target_llm.detokenize([t], special=False), config.stop, pair.eog)
+        produced: List[int] = []
+        yield from self._decode(iter(ticket), out, should_stop, produced, True)
+        yield self._result(ticket, out, produced[:out.n_tokens()], len(ids), time.perf_counter() - t0, before)
+
+    def _decode(self, tokens: Iterator[int], out: TextStream, should_stop, produced: List[int], keep: bool):
+        """Text pieces from ``tokens`` until ``out`` or ``should_stop`` ends
+        them; the models are reset after an error unless ``keep``."""
         clean = False
         try:
-            for tok in dec.stream(ids, budget, stop_tokens=self.pair.eog):
+            for tok in tokens:
                 produced.append(tok)
                 piece = out.add(tok)
                 if piece:
@@ -170,10 +220,13 @@ class SpeculativeLlama(CompletionMethods):
                 yield rest
             clean = True
         finally:
-            if not (clean and self.pair.owns):
+            close = getattr(tokens, "close", None)
+            if close is not None:
+                close()  # an engine's request ends (cancelled) with its stream
+            if not (clean and keep) and self.engine is None:
                 self.reset()  # clean and usable after any exit, Ctrl-C included
 
-    def _result(self, dec: SpeculativeDecoder, out: TextStream, tokens: List[int], n_prompt: int,
+    def _result(self, dec, out: TextStream, tokens: List[int], n_prompt: int,
                 seconds: float, before: tuple) -> GenerationResult:
         spent = [b - a for a, b in zip(before, self.pair.timers())]
         forwards, warp = sum(spent[:-1]), spent[-1]
@@ -190,6 +243,8 @@ class SpeculativeLlama(CompletionMethods):
         process) start from them instead of the conservative prior. Takes a
         few seconds for a small pair; ``progress(message)`` is told what runs
         (default: a line on stderr). Returns what was stored."""
+        if self.engine is not None:
+            raise RuntimeError("calibrate() times one sequence: run it on a pair loaded with parallel=1")
         say = progress or (lambda msg: print(f"specgguf: {msg}", file=sys.stderr, flush=True))
         with self.guard:
             say(f"timing the forwards of {self.names[0]} and {self.names[1]} ...")
@@ -204,6 +259,45 @@ class SpeculativeLlama(CompletionMethods):
         return {"costs": costs.to_dict(), "acceptance": acceptance}
 
 
+def _merge(runs: Sequence[Iterator], workers: int) -> Iterator[tuple]:
+    """``(index, item)`` from every run, each drained by one of ``workers``
+    threads; the first error is raised here and the other runs are closed."""
+    import queue
+    from concurrent.futures import ThreadPoolExecutor
+    out: "queue.SimpleQueue" = queue.SimpleQueue()
+    stop = threading.Event()
+
+    def drain(i: int) -> None:
+        try:
+            for item in runs[i]:
+                if stop.is_set():
+                    break
+                out.put((i, item))
+        except BaseException as e:  # handed to the caller's thread
+            out.put((i, e))
+        finally:
+            runs[i].close()
+            out.put((i, _DONE))
+
+    pool = ThreadPoolExecutor(max_workers=min(workers, max(1, len(runs))), thread_name_prefix="specgguf-many")
+    try:
+        for i in range(len(runs)):
+            pool.submit(drain, i)
+        left = len(runs)
+        while left:
+            i, item = out.get()
+            if item is _DONE:
+                left -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item
+    finally:
+        stop.set()
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+_DONE = object()
 _cache_lock = threading.Lock()
 _cached: Dict[tuple, SpeculativeLlama] = {}
 

@@ -17,7 +17,9 @@ from typing import List, Optional, Sequence, Union
 import llama_cpp
 
 from .llama_adapter import LlamaTarget, ModelDrafter, prompt_agreement
-from .llama_model import LlamaModel, ModelLike, check_vocab, eog_tokens, load_llama, machine_id
+from .checks import check_int
+from .llama_model import (MIN_CTX, LlamaModel, ModelLike, check_slot_memory, check_vocab, eog_tokens, load_llama,
+                          machine_id)
 from .models import resolve_model
 from .ngram import FallbackDrafter, NgramDrafter
 from .rpc import RemoteModel, Workers
@@ -34,9 +36,9 @@ class _Loader:
     """How this pair's models are loaded: context, threads, logs, workers."""
 
     def __init__(self, n_ctx: int, n_threads: Optional[int], verbose: bool, workers: Optional[Workers],
-                 tensor_split: Optional[Sequence[float]], flash_attn: bool) -> None:
+                 tensor_split: Optional[Sequence[float]], flash_attn: bool, slots: int) -> None:
         self.n_ctx, self.verbose, self.workers, self.split = n_ctx, verbose, workers, tensor_split
-        self.flash_attn = flash_attn
+        self.flash_attn, self.slots = flash_attn, slots
         self.n_threads = n_threads or os.cpu_count() or 1
 
     def llama(self, model: ModelLike, remote: bool):
@@ -46,12 +48,14 @@ class _Loader:
         path = resolve_model(os.fspath(model))
         if remote and self.workers:  # the weights go to the workers; here, the vocabulary only
             return load_llama(path, self.n_ctx, 1, self.verbose, vocab_only=True), path
-        return load_llama(path, self.n_ctx, self.n_threads, self.verbose, self.flash_attn), path
+        # With slots, each model gets a context of its own: the Llama's stays small and unused.
+        n_ctx = MIN_CTX if self.slots > 1 else self.n_ctx
+        return load_llama(path, n_ctx, self.n_threads, self.verbose, self.flash_attn), path
 
     def model(self, llm, path: Path, width: int, remote: bool):
         if remote and self.workers:
             return RemoteModel(path, self.workers, llm, self.n_ctx, self.n_threads, width, self.split)
-        return LlamaModel(llm, width)
+        return LlamaModel(llm, width, self.slots, self.n_ctx)
 
 
 class ModelPair:
@@ -64,19 +68,25 @@ class ModelPair:
                  n_threads: Optional[int] = None, verbose: bool = False,
                  rpc: Union[None, str, Sequence[str]] = None, draft_rpc: bool = False,
                  tensor_split: Optional[Sequence[float]] = None, store: Optional[Store] = None,
-                 flash_attn: bool = True) -> None:
+                 flash_attn: bool = True, parallel: int = 1) -> None:
         model_free = isinstance(draft, str) and draft == "ngram"
         if ngram and model_free:
             raise ValueError("ngram=True adds a prompt lookup in front of a draft model; draft='ngram' already is one")
+        self.slots = check_int("parallel", parallel, 1, 64)
         workers = Workers.parse(rpc)
+        if workers and self.slots > 1:
+            raise ValueError("parallel > 1 (serve --parallel) does not work with rpc workers yet: "
+                             "use parallel=1 with rpc")
         if workers:
             workers.check()  # an unreachable or mismatched worker, named, before anything loads
-        load = _Loader(n_ctx, n_threads, verbose, workers, tensor_split, flash_attn)
+        load = _Loader(n_ctx, n_threads, verbose, workers, tensor_split, flash_attn, self.slots)
         self.names = (_name(target), "ngram" if model_free else _name(draft))
         self.owns = not isinstance(target, llama_cpp.Llama)  # models loaded here keep their KV cache
         self.target_llm, tpath = load.llama(target, remote=True)
         self.draft_llm, dpath = load.llama(draft, draft_rpc) if not model_free else (None, None)
         width = max(int(m.n_vocab()) for m in (self.target_llm, self.draft_llm) if m is not None)
+        if self.slots > 1:
+            check_slot_memory([m for m in (self.target_llm, self.draft_llm) if m is not None], self.slots, n_ctx)
         self.target = LlamaTarget(load.model(self.target_llm, tpath, width, remote=True))
         self.draft_model = None
         if model_free:
