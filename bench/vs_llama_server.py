@@ -10,6 +10,9 @@ context per slot, on loopback. Configurations:
   specgguf serve          its defaults (k="auto"), a fresh state folder per process
   specgguf serve -k 0     plain decoding through specgguf
 
+Both servers get as many slots as the most clients measured (-np N,
+--parallel N), each slot --ctx tokens.
+
 Each configuration runs in several fresh processes, taken in turns (A B C D
 A B C D ...), because identical fresh processes differ by up to 20% here: a
 figure from one process is not a measurement. In each process, after one
@@ -65,7 +68,7 @@ def command(config: str, port: int, target: Path, draft: Path, args, n_slots: in
             cmd += ["-md", str(draft), "-td", t, "--spec-draft-n-max", str(args.draft_n_max)]
         return cmd
     cmd = [sys.executable, "-m", "specgguf", "serve", "--target", str(target), "--draft", str(draft),
-           "--threads", t, "--ctx", str(args.ctx), "--port", str(port)]
+           "--threads", t, "--ctx", str(args.ctx), "--port", str(port), "--parallel", str(n_slots)]
     return cmd + (["-k", "0"] if config == "sg-k0" else [])
 
 

@@ -239,8 +239,27 @@ def test_sixteen_concurrent_streams_all_complete(served):
         assert chunks[-1].choices[0].finish_reason in ("stop", "length")
 
 
+@pytest.mark.parametrize("settings", [dict(temperature=0), dict(temperature=0.8, seed=5)], ids=["greedy", "seeded"])
+def test_concurrent_requests_each_get_what_they_get_alone(served, client, settings):
+    assert "with 4 slots" in served.text()  # --parallel auto, said at start
+    prompts = PROMPTS + ["List three colours.", "Name a large animal."]
+
+    def ask(p):
+        r = client.chat.completions.create(model="x", messages=chat(p), max_tokens=40, **settings)
+        return r.choices[0].message.content
+
+    alone = [ask(p) for p in prompts]
+    got = [None] * len(prompts)
+    threads = [threading.Thread(target=lambda i=i: got.__setitem__(i, ask(prompts[i]))) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert got == alone
+
+
 def test_a_full_queue_answers_503_with_retry_after(session_state):
-    s = Served("--queue", "0", key=None)
+    s = Served("--queue", "0", "--parallel", "1", key=None)
     try:
         body = {"messages": chat("Write a long story."), "max_tokens": 200, "stream": True}
         with httpx.Client(timeout=60) as h:
@@ -253,6 +272,24 @@ def test_a_full_queue_answers_503_with_retry_after(session_state):
         assert httpx.post(s.url + "/v1/chat/completions", json=GOOD, timeout=60).status_code == 200
     finally:
         s.stop()
+
+
+def test_slots_run_at_once_and_the_queue_counts_beyond_them(session_state):
+    s = Served("--queue", "0", "--parallel", "2", key=None)
+    try:
+        body = {"messages": chat("Write a long story."), "max_tokens": 300, "stream": True}
+        with httpx.Client(timeout=60) as h, httpx.Client(timeout=60) as h2:
+            with h.stream("POST", s.url + "/v1/chat/completions", json=body) as a, \
+                    h2.stream("POST", s.url + "/v1/chat/completions", json=body) as b:
+                next(a.iter_lines()), next(b.iter_lines())  # both slots are generating
+                busy = httpx.post(s.url + "/v1/chat/completions", json=GOOD, timeout=60)
+        assert busy.status_code == 503
+        time.sleep(1)
+        assert httpx.post(s.url + "/v1/chat/completions", json=GOOD, timeout=60).status_code == 200
+    finally:
+        s.stop()
+    r = subprocess.run([sys.executable, "-m", "specgguf", "serve", "--parallel", "0"], capture_output=True, text=True)
+    assert r.returncode == 2 and "--parallel" in r.stderr
 
 
 def test_binds_to_loopback_by_default():

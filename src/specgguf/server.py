@@ -8,9 +8,10 @@ llama-cpp-python's own server (FastAPI is Starlette plus pydantic models;
 specgguf validates through its GenerationConfig instead, so each error names
 the request field, and a board installs two small pure-Python packages).
 
-One model pair serves one request at a time (its KV cache is one sequence);
-up to ``--queue`` more wait their turn, and beyond that a request gets 503
-with ``Retry-After``. Generation runs in a worker thread; the event loop only
+Up to ``--parallel`` requests run at once, each in a slot of the pair's KV
+caches, all verified together in one target forward per round
+(:mod:`specgguf.engine`); up to ``--queue`` more wait their turn, and beyond
+that a request gets 503 with ``Retry-After``. Generation runs in a worker thread; the event loop only
 moves bytes. A client that disconnects stops its generation within one
 round. With an API key (``--api-key`` or ``$SPECGGUF_API_KEY``) every route
 needs ``Authorization: Bearer KEY`` but ``GET /health``, which answers
@@ -54,16 +55,17 @@ class Server:
                  verbose: bool = False) -> None:
         self.llm, self.api_key, self.queue, self.verbose = llm, api_key, queue, verbose
         self.model_id = model_id or llm.names[0]
+        self.slots = llm.pair.slots  # requests that run at once
         self.pending = 0  # requests admitted: running or waiting
         self.admit = threading.Lock()
-        self.pool = ThreadPoolExecutor(max_workers=queue + 1, thread_name_prefix="specgguf-gen")
+        self.pool = ThreadPoolExecutor(max_workers=queue + self.slots, thread_name_prefix="specgguf-gen")
         self.stopping = threading.Event()
         self.created = int(time.time())
 
     # -- admission -------------------------------------------------------------
     def enter(self) -> None:
         with self.admit:
-            if self.pending > self.queue:
+            if self.pending >= self.queue + self.slots:
                 raise BadRequest(f"the server is busy ({self.pending} requests in progress or waiting); "
                                  "retry shortly", None, "overloaded", 503, "server_error")
             self.pending += 1
@@ -340,6 +342,31 @@ class _Relay:
             close()
 
 
+AUTO_SLOTS = 4  # as llama-server's default; fewer when the memory is short
+
+
+def auto_slots(args) -> int:
+    """``--parallel auto``: AUTO_SLOTS slots, fewer if their KV caches
+    would not fit in the memory available (estimated from the files'
+    sizes: a slot of --ctx tokens costs far less than the weights); 1 with
+    --rpc (slots need local models)."""
+    from .llama_model import available_memory
+    if args.rpc:
+        return 1
+    avail = available_memory()
+    if avail is None:
+        return AUTO_SLOTS
+    from . import models
+    target, draft = args.target, args.draft
+    if target is None or draft is None:
+        dt, dd = models.default_pair()
+        target, draft = target or dt, draft or dd
+    weights = sum(models.resolve_model(m).stat().st_size for m in (target, draft) if m != "ngram")
+    # KV per token is under 1/2000 of the weights for the models specgguf pairs (e.g. 8B: 128 KiB of 4.9 GB).
+    per_slot = weights * args.ctx / 2000
+    return max(1, min(AUTO_SLOTS, int((avail - weights) * 0.8 // max(per_slot, 1))))
+
+
 def main(argv) -> int:
     from .options import Parser, add_generation_args, add_model_args, config_from_args, load_pair
     from .rpc import is_loopback
@@ -352,7 +379,10 @@ def main(argv) -> int:
     ap.add_argument("--api-key", default=os.environ.get("SPECGGUF_API_KEY"),
                     help="require 'Authorization: Bearer KEY' on every route but GET /health, which "
                     "then says only that the server is up (default: $SPECGGUF_API_KEY)")
-    ap.add_argument("--queue", type=int, default=16, help="requests that may wait while one runs (16); "
+    ap.add_argument("--parallel", default="auto", help="requests run at once, each in a slot of --ctx "
+                    "tokens, verified together in one target forward per round (default 'auto': "
+                    f"up to {AUTO_SLOTS} as the memory allows, said at start)")
+    ap.add_argument("--queue", type=int, default=16, help="requests that may wait while the slots are busy (16); "
                     "beyond that: 503 with Retry-After")
     ap.add_argument("--model-id", help="the model name /v1/models reports (default: the target's file name)")
     args = ap.parse_args(argv)
@@ -360,13 +390,23 @@ def main(argv) -> int:
         ap.error(f"--port must be in [0, 65535], got {args.port}")
     if args.queue < 0:
         ap.error(f"--queue must be >= 0, got {args.queue}")
+    try:
+        parallel = None if args.parallel == "auto" else int(args.parallel)
+        if parallel is not None and not 1 <= parallel <= 64:
+            raise ValueError
+    except ValueError:
+        ap.error(f"--parallel must be 'auto' or an int in [1, 64], got {args.parallel!r}")
     if not is_loopback(args.host) and not args.api_key:
         print(f"specgguf: warning: serving on {args.host} without an API key: anyone who can reach this port "
               "can use it (set --api-key or $SPECGGUF_API_KEY)", file=sys.stderr)
-    llm = load_pair(args, config=config_from_args(args))
+    if parallel is None:
+        parallel = auto_slots(args)
+    llm = load_pair(args, config=config_from_args(args), parallel=parallel)
     server = Server(llm, args.api_key, args.queue, args.model_id, args.verbose)
     import uvicorn
-    print(f"specgguf: serving {server.model_id} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+    print(f"specgguf: serving {server.model_id} on http://{args.host}:{args.port}/v1 with {server.slots} "
+          f"slot{'s' if server.slots > 1 else ''} of {llm.n_ctx} tokens (--parallel, --ctx)", file=sys.stderr,
+          flush=True)
     uvicorn.run(create_app(server), host=args.host, port=args.port, access_log=False,
                 log_level="info" if args.verbose else "warning", timeout_graceful_shutdown=5)
     return 0
