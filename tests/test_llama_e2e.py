@@ -8,7 +8,8 @@ llama_cpp = pytest.importorskip("llama_cpp")
 
 import specgguf  # noqa: E402
 from specgguf.api import SpeculativeLlama  # noqa: E402
-from specgguf.llama_adapter import LlamaTarget, ModelDrafter, measure_acceptance, prompt_agreement  # noqa: E402
+from specgguf.calibration import measure_acceptance  # noqa: E402
+from specgguf.llama_adapter import LlamaTarget, ModelDrafter, prompt_agreement  # noqa: E402
 from specgguf.llama_model import LlamaModel  # noqa: E402
 from specgguf.policy import CostModel  # noqa: E402
 from specgguf.sampling import Sampler  # noqa: E402

@@ -25,7 +25,7 @@ from .config import GenerationConfig
 from .decoder import SpeculativeDecoder
 from .engine import Engine
 from .learning import AUTO_K_MAX, Learning
-from .llama_adapter import calibrate, measure_acceptance
+from .calibration import calibrate, measure_acceptance
 from .llama_model import InUse, ModelLike
 from .pair import ModelPair
 from .sampling import Sampler

@@ -8,8 +8,6 @@ behind the accepted text (:class:`ModelDrafter`). Both go through
 cache lacks. Both warp with the same :class:`~specgguf.sampling.Sampler`,
 which is what keeps sampling exact.
 
-Also here: the explicit one-off measurements (:func:`calibrate`,
-:func:`measure_acceptance`) that ``SpeculativeLlama.calibrate()`` stores.
 """
 
 from __future__ import annotations
@@ -21,8 +19,7 @@ import numpy as np
 
 from .drafter import Draft
 from .llama_model import LlamaModel
-from .policy import CostModel
-from .sampling import Sampler, warp
+from .sampling import Sampler
 
 
 class LlamaTarget:
@@ -124,77 +121,3 @@ def prompt_agreement(target: LlamaModel, draft: LlamaModel, ids: Sequence[int], 
         return float(np.mean(np.argmax(t_rows, axis=1) == np.argmax(d_rows, axis=1))), n
     overlap = np.minimum(sampler.warp(t_rows), sampler.warp(d_rows)).sum(axis=1, dtype=np.float64)
     return float(np.mean(overlap if sampler.rule == "exact" else overlap / (2.0 - overlap))), n
-
-
-CALIBRATION_TEXT = "Write a short essay about the history of the printing press.\n\n"
-
-
-def calibrate(target: LlamaModel, draft: Optional[LlamaModel], k_max: int, reps: int = 7) -> CostModel:
-    """Time the forwards a round runs on this machine: a greedy 4-token
-    drafting round right after a target forward (its first draft forward,
-    a 2-token catch-up on cold weights, apart from the 3 after it), the draft
-    catching up on skipped tokens, and target batches of 1..k_max+1 tokens
-    (medians of ``reps``, interleaved: the policy compares these costs with
-    each other, and on a shared machine the load drifts meanwhile). Leaves
-    both caches empty."""
-    bos = int(target.llm.token_bos())
-    ctx = [bos] + [t if 0 <= t < target.model_vocab else 0 for t in (100 + i % 500 for i in range(159))]
-    models = [m for m in (target, draft) if m is not None]
-    tables = {"target": [[] for _ in range(k_max + 1)], "draft": [], "first": [], "prefill": []}
-    drafter = ModelDrafter(draft) if draft is not None else None
-    try:
-        for m in models:
-            m.reset()
-            m.eval(ctx, 1)
-        for rep in range(reps):
-            fill = [8 + rep % 2] * 32  # other than last time's: a real catch-up of 32
-            if drafter is not None:
-                t0 = time.perf_counter()
-                draft.eval(ctx + fill, 1)
-                tables["prefill"].append((time.perf_counter() - t0) / 32)
-            for b in range(1, k_max + 2):
-                t0 = time.perf_counter()
-                target.eval(ctx + [7] * b, b)  # cut back to ctx, then one forward of b
-                tables["target"][b - 1].append(time.perf_counter() - t0)
-            if drafter is not None:  # as a live round after all were accepted: 2, then 3 x 1
-                t0 = time.perf_counter()
-                first = drafter.propose(ctx + fill + [9, 10], 4).first_seconds
-                tables["first"].append(first)
-                tables["draft"].append((time.perf_counter() - t0 - first) / 3)
-    finally:
-        for m in models:
-            m.reset()
-    med = lambda xs: float(np.median(xs)) if xs else 0.0  # noqa: E731
-    if draft is None:  # an n-gram draft: a dictionary lookup
-        return CostModel(draft=1e-5 * med(tables["target"][0]), target=[med(t) for t in tables["target"]],
-                         seconds=True, draft_prefill=0.0)
-    return CostModel(draft=med(tables["draft"]), target=[med(t) for t in tables["target"]], seconds=True,
-                     draft_prefill=med(tables["prefill"]), draft_first=med(tables["first"]))
-
-
-def measure_acceptance(target: LlamaModel, draft: LlamaModel, n: int = 48) -> dict:
-    """The draft's per-token acceptance on a fixed text: the target's own
-    greedy continuation (``n`` tokens) of CALIBRATION_TEXT, scored by both
-    models in one batch each.
-
-    Returns ``{"greedy": agreement of the two argmaxes, "sampled": mean
-    sum(min(p, q)) at temperature 0.8 with the default warps}``: the
-    acceptance exact verification has at those settings. Deterministic for
-    given files and build. Leaves both caches empty.
-    """
-    seq = target.llm.tokenize(CALIBRATION_TEXT.encode(), add_bos=True, special=False)
-    target.reset()
-    draft.reset()
-    try:
-        for _ in range(n):
-            seq.append(int(np.argmax(target.eval(seq, 1)[0])))
-        # Row i of each predicts generated token i (the last token itself is never an input).
-        t_logits = target.eval(seq[:-1], n)
-        d_logits = draft.eval(seq[:-1], n)
-    finally:
-        target.reset()
-        draft.reset()
-    greedy = float(np.mean(np.argmax(t_logits, axis=1) == np.argmax(d_logits, axis=1)))
-    p, q = warp(t_logits, 0.8), warp(d_logits, 0.8)
-    return {"greedy": greedy, "sampled": float(np.mean(np.minimum(p, q).sum(axis=1))),
-            "temperature": 0.8}
