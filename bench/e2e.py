@@ -36,9 +36,9 @@ import tempfile
 import llama_cpp
 import numpy as np
 
-from specgguf import models
+from specgguf.llama import models
 from specgguf.api import SpeculativeLlama
-from specgguf.policy import CostModel, expected_tokens
+from specgguf.engine.policy import CostModel, expected_tokens
 
 PROMPTS = [
     "Write a detailed essay about the history of the printing press.",

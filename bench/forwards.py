@@ -23,9 +23,11 @@ import time
 import llama_cpp
 import numpy as np
 
-from specgguf import llama_model, models
+from specgguf.llama import model
+
+from specgguf.llama import models
 from specgguf.api import SpeculativeLlama
-from specgguf.llama_model import LlamaModel
+from specgguf.llama.model import LlamaModel
 
 PROMPT = [{"role": "user", "content": "Write a detailed essay about the history of the printing press."}]
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import llama_cpp
 
-from specgguf import models
+from specgguf.llama import models
 from specgguf.api import SpeculativeLlama
 
 PROMPTS = [

@@ -24,7 +24,7 @@ CHILD = r"""
 import json, resource, sys, time
 import llama_cpp
 import specgguf
-from specgguf import models
+from specgguf.llama import models
 from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 kind, temp, tokens, threads, reps = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 prompts = ["Write a detailed essay about the history of the printing press.",

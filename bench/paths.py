@@ -54,7 +54,7 @@ class Caller:
 
     def __init__(self, path: str, target: str, draft: str, args) -> None:
         import specgguf
-        from specgguf import models
+        from specgguf.llama import models
         self.path, self.args, self.n = path, args, args.tokens
         self.names = (target, draft)
         self.files = (str(models.resolve_model(target)), str(models.resolve_model(draft)))

@@ -28,13 +28,13 @@ import tempfile
 CHILD = r"""
 import json, os, statistics, sys, time
 import specgguf
-from specgguf import models
+from specgguf.llama import models
 variant, tokens, reps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 tname, dname = models.default_pair()
 load = dict(n_threads=int(os.environ.get("THREADS", os.cpu_count())))
 if variant == "no-mmap":  # no option for it yet: the loader, with llama.cpp's use_mmap=False
     import functools
-    from specgguf import pair
+    from specgguf.llama import pair
     pair.load_llama = functools.partial(pair.load_llama, use_mmap=False)
 llm = specgguf.SpeculativeLlama(tname, dname if variant == "mmap+draft" else "ngram", **load)
 msgs = [{"role": "user", "content": "Write a detailed essay about the history of the printing press."}]

@@ -1,4 +1,4 @@
-"""Record a trace of a real pair for the offline simulator (specgguf.simulator).
+"""Record a trace of a real pair for the offline simulator (specgguf.engine.simulator).
 
 Two things decide how a draft-length policy fares, and both are measured
 here on this machine with the real models:
@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 import specgguf
-from specgguf import models
+from specgguf.llama import models
 
 PROMPTS = [
     "Write a short story about a robot who learns to paint.",

@@ -85,7 +85,7 @@ def main():
     env = dict(os.environ, SPECGGUF_STATE=tempfile.mkdtemp(prefix="specgguf-serve-"))
     os.environ["SPECGGUF_STATE"] = env["SPECGGUF_STATE"]
     import specgguf
-    from specgguf import models
+    from specgguf.llama import models
     tname, dname = models.default_pair()
     port = free_port()
     url = f"http://127.0.0.1:{port}"

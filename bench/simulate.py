@@ -4,7 +4,7 @@ one (costs stored while another process held the CPU: the draft's 3x, the
 target's 1.5x: a record that says drafting loses). No
 model runs; a policy is judged here before it is benchmarked.
 
-Traces: the synthetic regimes of specgguf.simulator.regimes(), and the
+Traces: the synthetic regimes of specgguf.engine.simulator.regimes(), and the
 recorded traces in tests/data/ (bench/record_trace.py).
 
     .venv/bin/python bench/simulate.py [--seeds 3]
@@ -16,7 +16,7 @@ import argparse
 import statistics
 from pathlib import Path
 
-from specgguf import simulator
+from specgguf.engine import simulator
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 

@@ -1,7 +1,7 @@
 """Speed of the verification ops against the numpy reference and the streaming floor.
 
 For each (V, K) and case, prints the median microseconds per call of
-specgguf, of the plain numpy reference (specgguf.reference) and of the floor
+specgguf, of the plain numpy reference (specgguf.ops.reference) and of the floor
 (np.max streaming over the same number of bytes the op must read), with the
 ratios, all measured in this one run. Then the warp (logits to sampling
 probabilities) per row at V = 49152 (SmolLM2) and 262144 (Gemma 3) for each
@@ -20,7 +20,8 @@ import time
 import numpy as np
 
 import specgguf
-from specgguf import reference, sampling
+from specgguf.ops import reference
+from specgguf.ops import sampling
 
 
 def median_us(fn, calls, repeats=15):
@@ -99,7 +100,7 @@ def warp_rows(rng, scale):
             print(f"{v:>7}    {name:<32} {t:>8.1f}u {'ok' if t <= target else 'OVER'}")
         w = sampling.warp(row, 0.8, 0, 1.0, 0.0)
         pos = iter(range(10**9))
-        t = median_us(lambda: specgguf.verify.race_pick(w, 5, next(pos)), calls)
+        t = median_us(lambda: specgguf.ops.verify.race_pick(w, 5, next(pos)), calls)
         print(f"{v:>7}    {'race pick (untruncated row)':<32} {t:>8.1f}u")
 
 

@@ -179,7 +179,7 @@ def main() -> None:
     args.configs = [c for c in args.configs.split(",") if c]
     if unknown := set(args.configs) - {"ls", "ls-draft", "sg", "sg-k0"}:
         ap.error(f"unknown configurations: {sorted(unknown)}")
-    from specgguf import models
+    from specgguf.llama import models
     tname, dname = models.default_pair()
     target = Path(args.target) if args.target else models.fetch(tname)
     draft = Path(args.draft) if args.draft else models.fetch(dname)

@@ -281,7 +281,7 @@ py::array_t<float> py_warp(py::handle logits, double temperature, long long top_
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
-    m.doc() = "specgguf compiled verification ops (see specgguf.verify for the documented API)";
+    m.doc() = "specgguf compiled verification ops (see specgguf.ops.verify for the documented API)";
     g_kernel = all_kernels().back();
     if (const char* env = std::getenv("SPECGGUF_KERNEL"); env && *env && std::string(env) != "auto") {
         const Kernels* k = find_kernel(env);

@@ -3,7 +3,7 @@
 // exact. Order as llama-cpp-python's default chain: top-k, then top-p and
 // min-p on the softmax of the untempered survivors, then temperature.
 //
-// The definition, for one row l[0..v) (specgguf.reference.warp is the same in
+// The definition, for one row l[0..v) (specgguf.ops.reference.warp is the same in
 // numpy):
 //   * top = the largest logit; ranking = by logit, ties to the lower index;
 //     -inf logits are never kept.

@@ -4,7 +4,7 @@
 """
 
 import specgguf
-from specgguf import models
+from specgguf.llama import models
 
 target, draft = models.default_pair()
 # Instruct models expect their chat template; a plain string prompt works too (chat=False).

@@ -10,7 +10,7 @@ same as without the draft.
 import llama_cpp
 
 import specgguf
-from specgguf import models
+from specgguf.llama import models
 
 target, draft = models.default_pair()
 d = specgguf.DraftModel(draft)  # a path, a models.lock name or a loaded Llama

@@ -91,7 +91,7 @@ fi
 
 "$VPY" -m pip install -q ".[test]"
 
-if [ "${SPECGGUF_SKIP_MODELS:-0}" != 1 ] && "$VPY" -c "import specgguf.models" 2>/dev/null; then
+if [ "${SPECGGUF_SKIP_MODELS:-0}" != 1 ] && "$VPY" -c "import specgguf.llama.models" 2>/dev/null; then
   "$VPY" -m specgguf models fetch default poor-draft  # the pairs README, tests and benchmarks use
 fi
 echo "setup: done. Python: $VPY"

@@ -126,7 +126,7 @@ def msgs(prompt):
 
 def load_model(name, n_ctx=1024):
     import llama_cpp
-    from specgguf import models
+    from specgguf.llama import models
     return llama_cpp.Llama(str(models.fetch(name)), n_ctx=n_ctx, n_threads=2, n_threads_batch=2, verbose=False)
 
 

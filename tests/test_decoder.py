@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 import specgguf
-from specgguf.drafter import CallbackDrafter
-from specgguf.policy import DraftPolicy
+from specgguf.ops.drafter import CallbackDrafter
+from specgguf.engine.policy import DraftPolicy
 
 V = 64
 

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import specgguf
-from specgguf import reference
-from specgguf.ngram import NgramDrafter
-from specgguf.sampling import Sampler
+from specgguf.ops import reference
+from specgguf.ops.ngram import NgramDrafter
+from specgguf.ops.sampling import Sampler
 from tests.conftest import ALPHA, chi2_pvalue
 
 

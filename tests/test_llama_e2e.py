@@ -8,11 +8,11 @@ llama_cpp = pytest.importorskip("llama_cpp")
 
 import specgguf  # noqa: E402
 from specgguf.api import SpeculativeLlama  # noqa: E402
-from specgguf.calibration import measure_acceptance  # noqa: E402
-from specgguf.llama_adapter import LlamaTarget, ModelDrafter, prompt_agreement  # noqa: E402
-from specgguf.llama_model import LlamaModel  # noqa: E402
-from specgguf.policy import CostModel  # noqa: E402
-from specgguf.sampling import Sampler  # noqa: E402
+from specgguf.engine.calibration import measure_acceptance  # noqa: E402
+from specgguf.llama.adapter import LlamaTarget, ModelDrafter, prompt_agreement  # noqa: E402
+from specgguf.llama.model import LlamaModel  # noqa: E402
+from specgguf.engine.policy import CostModel  # noqa: E402
+from specgguf.ops.sampling import Sampler  # noqa: E402
 from tests.conftest import PROMPTS, load_model, msgs, plain_greedy  # noqa: E402
 
 
@@ -202,7 +202,7 @@ def test_vocab_mismatch_is_refused(tmp_path, target):
     import shutil
 
     import gguf
-    from specgguf import models
+    from specgguf.llama import models
     changed = tmp_path / "changed-vocab.gguf"
     shutil.copyfile(models.fetch("smollm2-135m-q2_k"), changed)
     reader = gguf.GGUFReader(str(changed), "r+")
@@ -262,7 +262,7 @@ def test_an_ngram_draft_is_probed_again_soon_after_an_early_miss(target):
 def test_text_stream_utf8_and_stop_strings(target):
     """Multi-byte characters split across byte-level tokens come out whole;
     a stop string spanning tokens cuts the text exactly before it."""
-    from specgguf.text import TextStream
+    from specgguf.llama.text import TextStream
     text = "Rocket 🚀 café, 日本語 and naïve façade."
     ids = target.tokenize(text.encode(), add_bos=False, special=False)
     detok = lambda t: target.detokenize([t], special=False)  # noqa: E731
@@ -316,7 +316,7 @@ def test_a_seed_gives_the_same_text_by_name_by_path_and_at_any_thread_count():
     """The same files named by models.lock name or by path, with another
     thread count: one pair (identified by content), and the same seeded text
     (drafter-invariant sampling does not depend on K or timings)."""
-    from specgguf import models
+    from specgguf.llama import models
     t, d = "smollm2-135m-f32", "smollm2-135m-q4_1"
     runs = [SpeculativeLlama(t, d, n_ctx=256, n_threads=2),
             SpeculativeLlama(str(models.fetch(t)), str(models.fetch(d)), n_ctx=256, n_threads=1)]
@@ -401,7 +401,7 @@ def test_a_catch_up_reads_back_the_drafts_agreement_on_the_tokens_it_skipped(tar
     for _ in range(40):  # plain decoding by the rule: what the draft skipped
         row = t.eval(seq, 1)[0]
         seq.append(int(np.argmax(row)) if rule == "greedy" else
-                   int(specgguf.verify.race_pick(sampler.warp(row[None]), 5, len(seq) - len(ids))[0]))
+                   int(specgguf.ops.verify.race_pick(sampler.warp(row[None]), 5, len(seq) - len(ids))[0]))
     drafter = ModelDrafter(d)
     drafter.sampler = sampler
     d.eval(seq[:len(ids) + 5], 1)  # the draft last saw 5 of the 40
@@ -417,7 +417,7 @@ def test_a_catch_up_reads_back_the_drafts_agreement_on_the_tokens_it_skipped(tar
     if rule == "greedy":
         picks = np.argmax(rows, axis=1)
     else:
-        picks = specgguf.verify.race_pick(sampler.warp(rows), 5, len(seq) - 32 - len(ids))
+        picks = specgguf.ops.verify.race_pick(sampler.warp(rows), 5, len(seq) - 32 - len(ids))
     agree = int(np.count_nonzero(picks == np.array(seq[-32:])))
     assert total == agree and 0 < agree < 32  # the poor draft disagrees somewhere
     # After an ordinary round the draft lags by 1 or 2: nothing to read back.

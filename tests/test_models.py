@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from specgguf import models
+from specgguf.llama import models
 from specgguf.state import sha256_of
 
 

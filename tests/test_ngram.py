@@ -4,8 +4,8 @@ the fallback drafter's lag."""
 import numpy as np
 
 import specgguf
-from specgguf.drafter import CallbackDrafter, Draft
-from specgguf.ngram import FallbackDrafter, NgramDrafter
+from specgguf.ops.drafter import CallbackDrafter, Draft
+from specgguf.ops.ngram import FallbackDrafter, NgramDrafter
 from tests.conftest import ALPHA, chi2_pvalue
 
 

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from specgguf.acceptance import AcceptanceEstimate, merge_evidence
-from specgguf.policy import Arms, CostModel, DraftPolicy, expected_tokens
+from specgguf.engine.acceptance import AcceptanceEstimate, merge_evidence
+from specgguf.engine.policy import Arms, CostModel, DraftPolicy, expected_tokens
 
 # Whole-round seconds by K. A memory-bound board: a batch costs little more
 # than one token and a draft token a twentieth of a target step.
@@ -184,7 +184,7 @@ def test_stored_costs_are_a_prior_not_a_verdict():
 
 def test_the_record_a_run_leaves_is_the_next_runs_prior(tmp_path):
     from specgguf.config import GenerationConfig
-    from specgguf.learning import Learning
+    from specgguf.engine.learning import Learning
     from specgguf.state import PairState, Store
     state, config = PairState(Store(tmp_path), "t+d", "machine"), GenerationConfig(k="auto")
     first = Learning(state).policy(config)

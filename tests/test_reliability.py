@@ -12,7 +12,7 @@ import pytest
 llama_cpp = pytest.importorskip("llama_cpp")
 
 import specgguf  # noqa: E402
-from specgguf import models  # noqa: E402
+from specgguf.llama import models  # noqa: E402
 from specgguf.api import SpeculativeLlama  # noqa: E402
 from tests.conftest import PROMPTS, msgs  # noqa: E402
 

@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("llama_cpp")
 
 from specgguf.api import SpeculativeLlama  # noqa: E402
-from specgguf.rpc import RpcError, Workers, server_binary  # noqa: E402
+from specgguf.llama.rpc import RpcError, Workers, server_binary  # noqa: E402
 from tests.conftest import PROMPTS, msgs  # noqa: E402
 
 try:

@@ -4,7 +4,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from specgguf import _core, reference, sampling
+from specgguf import _core
+
+from specgguf.ops import reference
+
+from specgguf.ops import sampling
 
 
 @settings(max_examples=200, deadline=None)
@@ -145,7 +149,7 @@ def test_catchup_agreement_estimates_the_exact_rules_acceptance():
 def test_catchup_agreement_is_the_verifiers_verdict_greedy_and_invariant():
     """Greedy and drafter-invariant: a position agrees exactly when the
     verifier would accept the token the draft proposes there."""
-    from specgguf.verify import accept_invariant, race_pick, verify_greedy
+    from specgguf.ops.verify import accept_invariant, race_pick, verify_greedy
     rng = np.random.default_rng(11)
     v, n, origin = 50, 40, 5
     target = rng.standard_normal((n, v)).astype(np.float32) * 2

@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
 import specgguf
-from specgguf import reference
+from specgguf.ops import reference
 
 TIE = 1e-9  # decisions closer than this (relative) to a threshold may round either way
 

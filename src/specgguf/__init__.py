@@ -19,11 +19,11 @@ __version__ = "0.2.0"
 
 _WHERE = {
     "GenerationConfig": "config",
-    "DecoderStats": "decoder", "SpeculativeDecoder": "decoder",
-    "Draft": "drafter", "Drafter": "drafter",
+    "DecoderStats": "engine.decoder", "SpeculativeDecoder": "engine.decoder",
+    "Draft": "ops.drafter", "Drafter": "ops.drafter",
     "generate": "api", "SpeculativeLlama": "api", "GenerationResult": "api",
     "DraftModel": "draft_model",
-    **{name: "verify" for name in ("accept", "accept_invariant", "accept_onehot", "accept_onehot_uniforms",
+    **{name: "ops.verify" for name in ("accept", "accept_invariant", "accept_onehot", "accept_onehot_uniforms",
                                    "accept_uniforms", "get_kernel", "kernels", "race_pick", "race_uniforms",
                                    "set_kernel", "verify_greedy")},
 }

@@ -2,9 +2,9 @@
 
 Data flows one way: a call becomes a :class:`~specgguf.config.GenerationConfig`
 and prompt ids (checked at the call), then one run under the object's lock:
-a :class:`~specgguf.sampling.Sampler` for the config, a draft policy from
-:class:`~specgguf.learning.Learning`, the decoder over the adapter's target
-and drafter, and a :class:`~specgguf.text.TextStream` that turns tokens into
+a :class:`~specgguf.ops.sampling.Sampler` for the config, a draft policy from
+:class:`~specgguf.engine.learning.Learning`, the decoder over the adapter's target
+and drafter, and a :class:`~specgguf.llama.text.TextStream` that turns tokens into
 text and decides where the output ends.
 """
 
@@ -22,14 +22,14 @@ import llama_cpp
 
 from .completions import CompletionMethods
 from .config import GenerationConfig
-from .decoder import SpeculativeDecoder
-from .engine import Engine
-from .learning import AUTO_K_MAX, Learning
-from .calibration import calibrate, measure_acceptance
-from .llama_model import InUse, ModelLike
-from .pair import ModelPair
-from .sampling import Sampler
-from .text import Prompt, TextStream
+from .engine.decoder import SpeculativeDecoder
+from .engine.batch import Engine
+from .engine.learning import AUTO_K_MAX, Learning
+from .engine.calibration import calibrate, measure_acceptance
+from .llama.model import InUse, ModelLike
+from .llama.pair import ModelPair
+from .ops.sampling import Sampler
+from .llama.text import Prompt, TextStream
 
 
 @dataclass
@@ -63,7 +63,7 @@ class SpeculativeLlama(CompletionMethods):
         verbose: let llama.cpp print its logs.
         flash_attn: llama.cpp's flash attention for models loaded here (on,
             as llama-server's default on a CPU: about 5% faster per token;
-            see :func:`~specgguf.llama_model.load_llama`).
+            see :func:`~specgguf.llama.model.load_llama`).
         rpc: ``"host:port,host:port"`` (or a list) of llama.cpp ``rpc-server``
             workers to put the target's layers on (see the README).
         draft_rpc: put the draft on the workers too (default: local).

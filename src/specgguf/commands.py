@@ -8,11 +8,11 @@ import sys
 from typing import List
 
 from .options import Parser, add_model_args, load_pair
-from .policy import CostModel
+from .engine.policy import CostModel
 
 
 def models_main(argv: List[str]) -> int:
-    from . import models
+    from .llama import models
     ap = Parser(prog="python -m specgguf models", description=models.__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=Parser)
@@ -53,12 +53,12 @@ def calibrate_main(argv: List[str]) -> int:
 
 
 def serve_main(argv: List[str]) -> int:
-    from .server import main
+    from .serve.server import main
     return main(argv)
 
 
 def rpc_server_main(argv: List[str]) -> int:
-    from .rpc import DEFAULT_PORT, WARNING, is_loopback, server_binary
+    from .llama.rpc import DEFAULT_PORT, WARNING, is_loopback, server_binary
     ap = Parser(prog="python -m specgguf rpc-server",
                 description="Run a llama.cpp rpc-server worker: another machine's specgguf puts the target's "
                 "layers on it with --rpc HOST:PORT. " + WARNING.format(where="the address you give")[18:])

@@ -18,7 +18,7 @@ import uuid
 from typing import Any, Dict, Iterator, List, Optional, Union
 
 from .config import GenerationConfig
-from .text import check_messages
+from .llama.text import check_messages
 
 # (argument, the value that means "not used"): anything else would change the output.
 UNSUPPORTED = {

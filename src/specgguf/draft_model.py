@@ -8,7 +8,7 @@ sample-and-compare (accept while its own sample equals the draft's token).
 
 * KV cache: it keeps its own cache aligned with ``input_ids``, cut back to the
   longest common prefix; only what it lacks is evaluated (the same
-  :class:`~specgguf.llama_model.LlamaModel` bookkeeping as specgguf's adapter).
+  :class:`~specgguf.llama.model.LlamaModel` bookkeeping as specgguf's adapter).
 * Proposals: greedy, which is what sample-and-compare accepts most often.
 * Adaptive K: the next call's ``input_ids`` tell how many of its last proposals
   ``Llama`` kept (they continue the last context with the accepted tokens and
@@ -33,13 +33,13 @@ import llama_cpp
 import numpy as np
 from llama_cpp.llama_speculative import LlamaDraftModel
 
-from .drafter import Draft, common_prefix
-from .learning import AUTO_K_MAX
-from .llama_adapter import ModelDrafter
-from .llama_model import InUse, LlamaModel, ModelLike, check_vocab, load_llama
-from .models import resolve_model
-from .ngram import FallbackDrafter, NgramDrafter
-from .policy import DraftPolicy
+from .ops.drafter import Draft, common_prefix
+from .engine.learning import AUTO_K_MAX
+from .llama.adapter import ModelDrafter
+from .llama.model import InUse, LlamaModel, ModelLike, check_vocab, load_llama
+from .llama.models import resolve_model
+from .ops.ngram import FallbackDrafter, NgramDrafter
+from .engine.policy import DraftPolicy
 
 
 class _Round:

@@ -90,7 +90,7 @@ def config_from_args(args: argparse.Namespace):
 
 def load_pair(args: argparse.Namespace, **kw):
     """The SpeculativeLlama the model options ask for (default pair filled in)."""
-    from . import models
+    from .llama import models
     from .api import SpeculativeLlama
     target, draft = args.target, args.draft
     if target is None or draft is None:

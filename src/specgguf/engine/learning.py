@@ -1,10 +1,10 @@
 """What one loaded pair learns across its runs, and hands to the state store.
 
-A :class:`Learning` keeps one :class:`~specgguf.policy.DraftPolicy` per
+A :class:`Learning` keeps one :class:`~specgguf.engine.policy.DraftPolicy` per
 sampling regime (greedy, or the warp settings): what a chat session learns
 in one call helps the next. A policy starts from the stored round times
 (a prior for the K it has not timed yet, never a verdict: see
-:mod:`specgguf.policy`), the measured acceptance of ``calibrate()`` where it
+:mod:`specgguf.engine.policy`), the measured acceptance of ``calibrate()`` where it
 applies, and what earlier runs learned; after each run its new evidence is
 merged into the store and its measured round times replace the stored ones.
 
@@ -28,10 +28,10 @@ from __future__ import annotations
 
 from typing import Callable, Dict, Optional
 
-from .config import GenerationConfig
+from ..config import GenerationConfig
 from .acceptance import merge_evidence
 from .policy import CostModel, DraftPolicy
-from .state import PairState
+from ..state import PairState
 
 AUTO_K_MAX = 8  # the largest draft length k="auto" considers
 SAMPLED_PRIOR = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)  # where calibrate() measures

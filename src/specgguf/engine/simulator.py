@@ -19,7 +19,7 @@ what decides a policy's speed is replayed.
   (another process on the machine).
 
 :func:`replay` runs calls in order through a real
-:class:`~specgguf.learning.Learning` on a private store, as a
+:class:`~specgguf.engine.learning.Learning` on a private store, as a
 :class:`~specgguf.SpeculativeLlama` does (the prompt measurement, the
 decoder's timings and lag, the catch-up read-back, the state handed to the
 store after each call), so stored state carries from call to call and can
@@ -38,9 +38,9 @@ from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
-from .config import GenerationConfig
+from ..config import GenerationConfig
 from .learning import AUTO_K_MAX, Learning
-from .state import PairState, Store
+from ..state import PairState, Store
 
 CHECK_ROWS = 32  # as ModelDrafter: the read-back covers at most the last 32 skipped tokens
 

@@ -1,27 +1,29 @@
 """Rounds over several sequences at once: what lets one pair serve several users.
 
 Each request gets a slot: one sequence id in both models' KV caches (see
-:class:`~specgguf.llama_model.LlamaModel`'s ``slots``). A slot keeps its
+:class:`~specgguf.llama.model.LlamaModel`'s ``slots``). A slot keeps its
 tokens after its request ends, so a conversation's next turn, given the
 slot that shares the longest prefix with it, is not evaluated again.
 
 One round serves every slot, read top to bottom in :meth:`Engine._round`:
 
-1. K per slot from :class:`~specgguf.batch_policy.BatchPolicy` (0 for a
+1. K per slot from :class:`~specgguf.engine.batch_policy.BatchPolicy` (0 for a
    slot whose target has a prompt to read: its first token comes at once);
 2. the draft proposes for every drafting slot, one batched forward per
    draft position (the first also catches each slot up);
 3. the target scores every slot's ``[last token, d_1 .. d_K]`` in ONE
    ``llama_decode``, logits only at those rows;
-4. each slot verifies with its own :class:`~specgguf.sampling.Sampler`
+4. each slot verifies with its own :class:`~specgguf.ops.sampling.Sampler`
    (greedy, exact p/q, or the drafter-invariant race with its own seed).
 
 A sequence's logits do not depend on what else is in the batch beyond
 float rounding (llama.cpp tiles a matmul by the batch's size: the same
 effect as verifying K+1 tokens at once against decoding them one by one),
-so every request's output is what it gets alone: greedy and seeded
-drafter-invariant text match token for token (tested), barring a near-tie
-that rounding decides; exact p/q sampling keeps the target's law. Requests join and leave between
+so every request's output is what it gets alone: greedy text token for
+token; seeded drafter-invariant text up to a race that rounding decides (a
+near-tie, or a token at the truncation's edge: at T=0.8 several of eight
+48-token texts in the tests, each checked to be one); exact p/q sampling
+keeps the target's law. Requests join and leave between
 rounds; a cancelled request (a closed stream, a disconnected client) frees
 its slot at the next round.
 """
@@ -38,9 +40,9 @@ import numpy as np
 
 from .batch_policy import BatchPolicy, SlotView
 from .decoder import DecoderStats
-from .drafter import Draft, common_prefix
-from .llama_model import LlamaModel
-from .sampling import Sampler
+from ..ops.drafter import Draft, common_prefix
+from ..llama.model import LlamaModel
+from ..ops.sampling import Sampler
 
 _END = object()
 
@@ -49,9 +51,9 @@ class Ticket:
     """One request's progress through the engine, and its caller's view of it.
 
     Iterating yields the generated token ids as rounds produce them (as
-    :meth:`~specgguf.decoder.SpeculativeDecoder.stream` does); leaving the
+    :meth:`~specgguf.engine.decoder.SpeculativeDecoder.stream` does); leaving the
     loop early or :meth:`close` cancels the request. ``stats`` holds its
-    :class:`~specgguf.decoder.DecoderStats`; ``sampler`` its rule.
+    :class:`~specgguf.engine.decoder.DecoderStats`; ``sampler`` its rule.
     """
 
     def __init__(self, ids: Sequence[int], budget: int, stops: FrozenSet[int], sampler: Sampler,
@@ -104,7 +106,7 @@ class Engine:
     Args:
         target: the target's :class:`LlamaModel` with several slots.
         draft: the draft model's, with as many slots; None for none.
-        ngram: a prompt-lookup drafter (:class:`~specgguf.ngram.NgramDrafter`),
+        ngram: a prompt-lookup drafter (:class:`~specgguf.ops.ngram.NgramDrafter`),
             used when there is no draft model.
         k_max: the largest K a slot drafts.
     """
@@ -230,7 +232,7 @@ class Engine:
         self.policy.round_done({t.regime for t, d in zip(active, drafts) if d.tokens})
 
     def _draft(self, active: Sequence[Ticket], ks: Sequence[int]) -> tuple:
-        """Each slot's :class:`~specgguf.drafter.Draft` of up to its K tokens,
+        """Each slot's :class:`~specgguf.ops.drafter.Draft` of up to its K tokens,
         and the draft forwards run ``[(tokens, seconds)]``."""
         drafts = [Draft(confidence=[]) for _ in active]
         if self.draft is None:

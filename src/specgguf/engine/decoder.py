@@ -4,7 +4,7 @@ Each round: the drafter proposes up to K tokens, the target scores the
 prefix plus those K in one call, and the sampler's rule keeps an accepted
 prefix plus one correction or bonus token. Any pair of models composes:
 
-    drafter:      a :class:`~specgguf.drafter.Drafter` (propose, lag), or a
+    drafter:      a :class:`~specgguf.ops.drafter.Drafter` (propose, lag), or a
                   function draft_step(prefix, k) -> (tokens, probs[, info])
     target_step(prefix, proposed) -> [len(proposed) + 1, V] float array
 
@@ -23,11 +23,11 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Union
 
 import numpy as np
 
-from .checks import check_int, check_p_min
-from .drafter import Draft, Drafter, CallbackDrafter
+from ..checks import check_int, check_p_min
+from ..ops.drafter import Draft, Drafter, CallbackDrafter
 from .policy import DraftPolicy
-from .sampling import Sampler
-from .verify import GeneratorLike
+from ..ops.sampling import Sampler
+from ..ops.verify import GeneratorLike
 
 TargetStep = Callable[[List[int], List[int]], np.ndarray]
 
@@ -109,10 +109,10 @@ class SpeculativeDecoder:
     """Speculative decoding over a drafter and a target callback (module docstring).
 
     Args:
-        drafter: a :class:`~specgguf.drafter.Drafter`, or a ``draft_step`` function.
+        drafter: a :class:`~specgguf.ops.drafter.Drafter`, or a ``draft_step`` function.
         target_step: ``(prefix, proposed) -> [len(proposed)+1, V]``.
         k: draft tokens per round (0 = plain target decoding), ``"auto"``
-            (a :class:`~specgguf.policy.DraftPolicy` picks K each round), or
+            (a :class:`~specgguf.engine.policy.DraftPolicy` picks K each round), or
             a ``DraftPolicy``.
         greedy: True verifies with :func:`~specgguf.verify_greedy` (output is
             exactly greedy target decoding); False with :func:`~specgguf.accept`
@@ -120,7 +120,7 @@ class SpeculativeDecoder:
         generator: ``numpy.random.Generator``, int seed or None (sampling only).
         p_min: draft confidence cutoff: None, a float, or ``"auto"`` (learned
             by the policy; needs ``k="auto"`` or a policy).
-        sampler: a :class:`~specgguf.sampling.Sampler` (its rule replaces
+        sampler: a :class:`~specgguf.ops.sampling.Sampler` (its rule replaces
             ``greedy`` and ``generator``; the drafter-invariant race needs one).
         plain_first: decode the first round without drafting, so the first
             token comes as soon as the target has read the prompt (the draft

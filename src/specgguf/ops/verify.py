@@ -19,7 +19,7 @@ from typing import Any, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import _core
+from .. import _core
 
 GeneratorLike = Union[np.random.Generator, int, None]
 

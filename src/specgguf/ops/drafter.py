@@ -4,9 +4,9 @@ A drafter proposes up to K tokens after the accepted text and says how far
 behind that text it is (as llama.cpp's ``common_speculative`` does, it owns
 its own lag: the decoder never tracks what the draft has evaluated).
 
-Drafters in specgguf: :class:`~specgguf.llama_adapter.ModelDrafter` (a GGUF
-draft model), :class:`~specgguf.ngram.NgramDrafter` (prompt lookup),
-:class:`~specgguf.ngram.FallbackDrafter` (one, else the other), and
+Drafters in specgguf: :class:`~specgguf.llama.adapter.ModelDrafter` (a GGUF
+draft model), :class:`~specgguf.ops.ngram.NgramDrafter` (prompt lookup),
+:class:`~specgguf.ops.ngram.FallbackDrafter` (one, else the other), and
 :class:`CallbackDrafter`, which wraps a plain ``draft_step`` function.
 """
 
@@ -37,10 +37,10 @@ class Draft:
         confidence: the draft's probability of each proposed token, or None.
         first_seconds: how long the first forward took (catch-up included),
             for drafters that time it; the policy costs a round's first
-            draft token apart from the rest (see :mod:`specgguf.policy`).
+            draft token apart from the rest (see :mod:`specgguf.engine.policy`).
         catchup: ``(acceptances, positions)``: how the draft's rows for
             emitted tokens it had skipped agree with them under the
-            verification rule (:meth:`~specgguf.sampling.Sampler.agreement`),
+            verification rule (:meth:`~specgguf.ops.sampling.Sampler.agreement`),
             for drafters that read them back while catching up; None otherwise.
     """
 

@@ -13,7 +13,7 @@ E(K) / S(K), judged by what rounds delivered, not by modelled parts:
   through the timed ones; before two are timed, it borrows the shape of a
   :class:`CostModel` prior (stored round times, or the built-in one:
   whichever is cheaper, so no record keeps a K from being measured).
-* :class:`~specgguf.acceptance.AcceptanceEstimate` pools every round's
+* :class:`~specgguf.engine.acceptance.AcceptanceEstimate` pools every round's
   verdicts per draft position, so E(K) of a K rarely drafted is known from
   the others (a K's own tokens, tried as well, chased the text a K happened
   to meet); a round after a rejection has its own first position.
@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from typing import List, Optional, Sequence
 
 from .acceptance import AcceptanceEstimate, ConfidenceBins
-from .checks import check_p_min
+from ..checks import check_p_min
 
 
 @dataclass
@@ -320,7 +320,7 @@ class DraftPolicy:
         confidence per token; the round's whole wall time (None: untimed);
         ``first_seconds``: the draft's first forward, catch-up included, if
         timed; ``catchup``: ``(acceptances, positions)`` the draft's
-        read-back of tokens it caught up on (:attr:`~specgguf.drafter.Draft.catchup`)."""
+        read-back of tokens it caught up on (:attr:`~specgguf.ops.drafter.Draft.catchup`)."""
         if catchup:
             self.acceptance.observe_skipped(float(catchup[0]), int(catchup[1]))
         verified = min(drafted, accepted + 1)  # positions the verifier decided on

@@ -16,7 +16,7 @@ from .drafter import Draft, Drafter
 
 
 class NgramDrafter:
-    """A :class:`~specgguf.drafter.Drafter` that looks the context's last n
+    """A :class:`~specgguf.ops.drafter.Drafter` that looks the context's last n
     tokens up in the context.
 
     Args:

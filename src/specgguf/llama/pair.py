@@ -16,15 +16,15 @@ from typing import List, Optional, Sequence, Union
 
 import llama_cpp
 
-from .llama_adapter import LlamaTarget, ModelDrafter, prompt_agreement
-from .checks import check_int
-from .llama_model import (MIN_CTX, LlamaModel, ModelLike, check_slot_memory, check_vocab, eog_tokens, load_llama,
+from .adapter import LlamaTarget, ModelDrafter, prompt_agreement
+from ..checks import check_int
+from .model import (MIN_CTX, LlamaModel, ModelLike, check_slot_memory, check_vocab, eog_tokens, load_llama,
                           machine_id)
 from .models import resolve_model
-from .ngram import FallbackDrafter, NgramDrafter
+from ..ops.ngram import FallbackDrafter, NgramDrafter
 from .rpc import RemoteModel, Workers
-from .sampling import Sampler
-from .state import PairState, Store
+from ..ops.sampling import Sampler
+from ..state import PairState, Store
 from .text import PromptEncoder
 
 

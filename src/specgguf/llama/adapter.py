@@ -4,8 +4,8 @@ The target scores ``[last emitted token, d_1 .. d_K]`` in ONE ``llama_decode``
 with logits at those K+1 positions only (:class:`LlamaTarget`); the model
 drafter proposes token by token from its own KV cache and owns its lag
 behind the accepted text (:class:`ModelDrafter`). Both go through
-:class:`~specgguf.llama_model.LlamaModel`, which evaluates only what each
-cache lacks. Both warp with the same :class:`~specgguf.sampling.Sampler`,
+:class:`~specgguf.llama.model.LlamaModel`, which evaluates only what each
+cache lacks. Both warp with the same :class:`~specgguf.ops.sampling.Sampler`,
 which is what keeps sampling exact.
 
 """
@@ -17,9 +17,9 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from .drafter import Draft
-from .llama_model import LlamaModel
-from .sampling import Sampler
+from ..ops.drafter import Draft
+from .model import LlamaModel
+from ..ops.sampling import Sampler
 
 
 class LlamaTarget:
@@ -40,9 +40,9 @@ class LlamaTarget:
 
 
 class ModelDrafter:
-    """A :class:`~specgguf.drafter.Drafter` over a GGUF draft model.
+    """A :class:`~specgguf.ops.drafter.Drafter` over a GGUF draft model.
 
-    Each token is picked by the shared :class:`~specgguf.sampling.Sampler`:
+    Each token is picked by the shared :class:`~specgguf.ops.sampling.Sampler`:
     the argmax when greedy, a sample of the warped q for exact verification,
     the race winner for drafter-invariant verification. The lag is what the
     model's KV cache lacks of the context.
@@ -112,7 +112,7 @@ def prompt_agreement(target: LlamaModel, draft: LlamaModel, ids: Sequence[int], 
     a conversation's earlier turns) are not measured: scoring them again
     cost a first call on a cached prompt 0.46 s here, 5% of four calls. The
     draft's read-back of what it catches up on measures them instead
-    (:attr:`~specgguf.drafter.Draft.catchup`)."""
+    (:attr:`~specgguf.ops.drafter.Draft.catchup`)."""
     n = min(m, len(ids) - 2, target.lag(ids[:-1]))
     if n < 4:
         return None

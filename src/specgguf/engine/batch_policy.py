@@ -7,17 +7,18 @@ each row, picking each draft token: 5 ms a row when sampling without
 truncation here). Each piece is a line in the tokens or rows it processes, fitted by discounted least squares to what the
 engine's own forwards took (:class:`LineFit`): no cost is guessed once the
 engine has run a prompt and a round. Acceptance comes from every slot's
-verdicts, pooled per sampling regime (:class:`~specgguf.acceptance.AcceptanceEstimate`).
+verdicts, pooled per sampling regime (:class:`~specgguf.engine.acceptance.AcceptanceEstimate`).
 
-The choice maximises the batch's expected tokens per second. K = 0 for all
-is batched plain decoding, always a candidate: speculation drafts only where
+The choice maximises the batch's expected tokens per second (see
+:meth:`BatchPolicy.choose` for how a round slowed by a prompt is scored).
+K = 0 for all is batched plain decoding, always a candidate: speculation drafts only where
 the measured lines say it delivers more. Under load the target's line is
 steeper in total tokens than the draft's savings, so K shrinks by itself.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Sequence
 
 from .acceptance import AcceptanceEstimate
@@ -95,8 +96,9 @@ class BatchPolicy:
 
     PROBE_K = 3           # while a regime's acceptance is unknown, its slots draft this many
     PROBE_EVIDENCE = 16   # draft positions verified before the estimate is trusted
-    EXPLORE_EVERY = 48    # rounds without drafting in a regime before it tries again
-    HORIZON = 32          # rounds a catch-up's cost is spread over
+    EXPLORE_EVERY = 48    # rounds without drafting in a regime before a lone slot tries again
+    HORIZON = 32          # most rounds a catch-up's cost is spread over
+    DRAFT_PRIOR = 0.5     # before any draft forward is timed: a draft token costs half a target token
 
     def __init__(self, k_max: int = 8) -> None:
         self.k_max = k_max
@@ -115,41 +117,74 @@ class BatchPolicy:
             self.acceptance[regime], self.idle[regime] = est, 0
         return self.acceptance[regime]
 
-    def _gains(self, s: SlotView) -> List[float]:
-        """Expected tokens the slot emits at K = 0..cap."""
-        return expected_tokens(s.cap, self._acc(s))
-
-    def _acc(self, s: SlotView) -> List[float]:
+    def _gains(self, s: SlotView, alone: bool) -> List[float]:
+        """Expected tokens the slot emits at K = 0..cap. While the regime's
+        acceptance is unknown, or (for a lone slot: under load a probe's
+        catch-up stalls every slot) after EXPLORE_EVERY rounds without
+        drafting, the optimistic figure for PROBE_K tokens."""
         est = self.acceptance[s.regime]
-        if est.totals()[1] < self.PROBE_EVIDENCE or self.idle[s.regime] >= self.EXPLORE_EVERY:
-            return [est.optimistic()] * self.PROBE_K + [0.0] * self.k_max
-        return est.per_position(s.after_miss)
+        if est.totals()[1] < self.PROBE_EVIDENCE or (alone and self.idle[s.regime] >= self.EXPLORE_EVERY):
+            acc = [est.optimistic()] * self.PROBE_K + [0.0] * self.k_max
+        else:
+            acc = est.per_position(s.after_miss)
+        return expected_tokens(s.cap, acc)
 
-    def seconds(self, slots: Sequence[SlotView], ks: Sequence[int]) -> float:
-        """Predicted wall time of a round drafting ``ks`` for ``slots``."""
-        t = self.target(sum(s.target_lag + k for s, k in zip(slots, ks))) + self.rows(sum(ks) + len(slots))
-        drafting = [(s, k) for s, k in zip(slots, ks) if k > 0]
-        if drafting:
-            lags = [s.draft_lag for s, _ in drafting]
-            # A catch-up beyond the usual one or two tokens is paid once, for the rounds that follow.
-            extra = self.draft(sum(lags)) - self.draft(sum(min(l, 2) for l in lags))
-            t += self.draft(sum(min(l, 2) for l in lags)) + extra / self.HORIZON
-            t += sum(self.draft(sum(1 for _, k in drafting if k > j)) for j in range(1, max(k for _, k in drafting)))
+    def lines(self) -> tuple:
+        """The fitted lines ``(a, b)`` of the target, the draft (before any
+        draft forward: DRAFT_PRIOR of the target's) and the per-row work."""
+        t = self.target.line()
+        d = self.draft.line() if self.draft.known else (self.DRAFT_PRIOR * t[0], self.DRAFT_PRIOR * t[1])
+        return t, d, self.rows.line()
+
+    def seconds(self, slots: Sequence[SlotView], ks: Sequence[int],
+                gains: Optional[Sequence[Sequence[float]]] = None, lines: Optional[tuple] = None) -> float:
+        """Predicted wall time of a round drafting ``ks`` for ``slots``: the
+        target's forward, the rows' work, and the draft's first forward (each
+        drafting slot's usual one or two tokens) and one forward per further
+        draft position. A catch-up beyond the usual is paid once, for the
+        rounds that follow: it counts spread over the rounds the slot has
+        left at that K (``remaining / gains[i][k]``), at most HORIZON.
+        ``lines``: :meth:`lines`, when the caller holds them already."""
+        (at, bt), (ad, bd), (ar, br) = lines or self.lines()
+        n = sum(ks)
+        t = at + bt * (sum(s.target_lag for s in slots) + n) + ar + br * (n + len(slots))
+        if n:
+            first = extra = later = 0.0
+            for i, (s, k) in enumerate(zip(slots, ks)):
+                if k:
+                    first += min(s.draft_lag, 2)
+                    later += k - 1
+                    if s.draft_lag > 2:
+                        rounds = s.remaining / (gains[i][k] if gains else 1.0)
+                        extra += bd * (s.draft_lag - 2) / min(self.HORIZON, max(1.0, rounds))
+            t += ad * max(ks) + bd * (first + later) + extra
         return t
 
     def choose(self, slots: Sequence[SlotView]) -> List[int]:
-        """K for each slot: the best common K, then each slot's own in turn."""
+        """K for each slot: the best common K, then each slot's own in turn.
+
+        Choices are scored as expected tokens minus ``rate`` x predicted
+        seconds, where ``rate`` is the best tokens/s these slots reach in a
+        steady round (no prompt to read, no catch-up). Maximising the round's
+        own tokens/s instead would draft in a round made slow by another
+        slot's prompt (a long round makes any addition look cheap), though
+        the seconds drafting adds buy fewer tokens than the plain rounds after it."""
         for s in slots:
             self.estimate(s.regime)
         if not self.target.known:
             return [s.cap if s.fixed else 0 for s in slots]
-        gains = [self._gains(s) for s in slots]
-        rate = lambda ks: sum(g[k] for g, k in zip(gains, ks)) / max(self.seconds(slots, ks), 1e-9)  # noqa: E731
-        best = max((([s.cap if s.fixed else min(k, s.cap) for s in slots]) for k in range(self.k_max + 1)),
-                   key=rate)
+        known: Dict[tuple, List[float]] = {}
+        gains = [known.setdefault((s.regime, s.after_miss, s.cap), self._gains(s, len(slots) == 1)) for s in slots]
+        lines = self.lines()
+        steady = [replace(s, target_lag=1, draft_lag=min(s.draft_lag, 2)) for s in slots]
+        commons = [[s.cap if s.fixed else min(k, s.cap) for s in slots] for k in range(self.k_max + 1)]
+        rate = max(sum(g[k] for g, k in zip(gains, ks)) / max(self.seconds(steady, ks, gains, lines), 1e-9)
+                   for ks in commons)
+        score = lambda ks: sum(g[k] for g, k in zip(gains, ks)) - rate * self.seconds(slots, ks, gains, lines)  # noqa: E731
+        best = max(commons, key=score)
         for i, s in enumerate(slots):
             if not s.fixed and s.cap > 0:
-                best[i] = max(range(s.cap + 1), key=lambda k: rate(best[:i] + [k] + best[i + 1:]))
+                best[i] = max(range(s.cap + 1), key=lambda k: score(best[:i] + [k] + best[i + 1:]))
         return best
 
     def observe_round(self, target_tokens: int, target_seconds: float, draft_forwards: Sequence[tuple],

@@ -2,7 +2,7 @@
 the forward costs of a round's pieces on this machine (:func:`calibrate`) and
 the draft's acceptance on a fixed text (:func:`measure_acceptance`). Nothing
 runs them unasked: the draft policy measures whole rounds as it goes, and
-these are a prior for it (see :mod:`specgguf.policy`).
+these are a prior for it (see :mod:`specgguf.engine.policy`).
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import Optional
 
 import numpy as np
 
-from .llama_adapter import ModelDrafter
-from .llama_model import LlamaModel
+from ..llama.adapter import ModelDrafter
+from ..llama.model import LlamaModel
 from .policy import CostModel
-from .sampling import warp
+from ..ops.sampling import warp
 
 
 CALIBRATION_TEXT = "Write a short essay about the history of the printing press.\n\n"

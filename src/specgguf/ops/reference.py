@@ -1,6 +1,6 @@
 """Plain numpy reference of the verification ops, for checking, not speed.
 
-Same contract as :mod:`specgguf.verify` (same uniforms, same decisions), but
+Same contract as :mod:`specgguf.ops.verify` (same uniforms, same decisions), but
 written the obvious way in float64 with ``np.sum``/``np.cumsum``. Its sums
 round in a different order from the compiled kernels, so on a draw that lands
 within rounding of a decision boundary the two may legitimately differ; the
@@ -109,7 +109,7 @@ def exp_floor(x: np.ndarray) -> np.ndarray:
 
 def warp(logits: np.ndarray, temperature: float, top_k: int = 40, top_p: float = 0.95,
          min_p: float = 0.05) -> np.ndarray:
-    """Reference of :func:`specgguf.sampling.warp`: ``[n, V]`` logits -> probabilities,
+    """Reference of :func:`specgguf.ops.sampling.warp`: ``[n, V]`` logits -> probabilities,
     by the definition in ``cpp/warp.h`` (float32 arguments, float32 results)."""
     logits = np.asarray(logits, dtype=np.float32)
     n, v = logits.shape

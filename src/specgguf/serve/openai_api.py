@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, List, Optional, Union
 
-from .config import GenerationConfig
-from .text import check_messages
+from ..config import GenerationConfig
+from ..llama.text import check_messages
 
 
 class BadRequest(ValueError):

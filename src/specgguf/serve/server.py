@@ -10,7 +10,7 @@ the request field, and a board installs two small pure-Python packages).
 
 Up to ``--parallel`` requests run at once, each in a slot of the pair's KV
 caches, all verified together in one target forward per round
-(:mod:`specgguf.engine`); up to ``--queue`` more wait their turn, and beyond
+(:mod:`specgguf.engine.batch`); up to ``--queue`` more wait their turn, and beyond
 that a request gets 503 with ``Retry-After``. Generation runs in a worker thread; the event loop only
 moves bytes. A client that disconnects stops its generation within one
 round. With an API key (``--api-key`` or ``$SPECGGUF_API_KEY``) every route
@@ -35,7 +35,7 @@ from typing import AsyncIterator, Iterator, Optional
 
 import anyio
 
-from .completions import Shapes
+from ..completions import Shapes
 from .openai_api import BadRequest, Call, error_body, parse
 
 
@@ -350,13 +350,13 @@ def auto_slots(args) -> int:
     would not fit in the memory available (estimated from the files'
     sizes: a slot of --ctx tokens costs far less than the weights); 1 with
     --rpc (slots need local models)."""
-    from .llama_model import available_memory
+    from ..llama.model import available_memory
     if args.rpc:
         return 1
     avail = available_memory()
     if avail is None:
         return AUTO_SLOTS
-    from . import models
+    from ..llama import models
     target, draft = args.target, args.draft
     if target is None or draft is None:
         dt, dd = models.default_pair()
@@ -368,8 +368,8 @@ def auto_slots(args) -> int:
 
 
 def main(argv) -> int:
-    from .options import Parser, add_generation_args, add_model_args, config_from_args, load_pair
-    from .rpc import is_loopback
+    from ..options import Parser, add_generation_args, add_model_args, config_from_args, load_pair
+    from ..llama.rpc import is_loopback
     ap = Parser(prog="python -m specgguf serve", description=__doc__.split("\n\n")[0] + "\n\n" +
                 "Point any OpenAI client at http://HOST:PORT/v1 (see README: OpenAI-compatible server).")
     add_model_args(ap)

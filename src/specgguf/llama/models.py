@@ -36,13 +36,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
-from .state import Store, cache_root, sha256_of
+from ..state import Store, cache_root, sha256_of
 
-# Installed beside the package (CMakeLists installs the top-level models.lock);
-# an in-tree checkout falls back to the repository root.
-LOCK_PATH = Path(__file__).with_name("models.lock")
+# Installed in the package's top folder (CMakeLists installs the repository's
+# models.lock there); an in-tree checkout falls back to the repository root.
+LOCK_PATH = Path(__file__).resolve().parents[1] / "models.lock"
 if not LOCK_PATH.exists():
-    LOCK_PATH = Path(__file__).resolve().parents[2] / "models.lock"
+    LOCK_PATH = Path(__file__).resolve().parents[3] / "models.lock"
 
 
 @dataclass(frozen=True)

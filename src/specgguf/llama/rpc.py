@@ -7,7 +7,7 @@ network (K+1 tokens per round trip instead of one).
   bounded time, so an unreachable worker or one running another llama.cpp
   build gives a clear error naming it.
 * :class:`RemoteModel` runs the target in a child process and serves the
-  :class:`~specgguf.llama_model.LlamaModel` interface to the adapter. Why a
+  :class:`~specgguf.llama.model.LlamaModel` interface to the adapter. Why a
   child: llama.cpp's RPC client aborts the whole process when a worker dies
   (``GGML_ABORT("Remote RPC server crashed ...")``); in a child, that abort
   becomes a clear error naming the worker, every forward has a deadline, and
@@ -43,7 +43,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .drafter import common_prefix
+from ..ops.drafter import common_prefix
 
 DEFAULT_PORT = 50052
 PROTO_MAJOR, PROTO_MINOR = 7, 0   # ggml-rpc.h of the pinned llama.cpp
@@ -189,7 +189,7 @@ class RemoteModel:
         parent, child = socket.socketpair()
         self._log = tempfile.TemporaryFile()
         env = dict(os.environ, GGML_NO_BACKTRACE="1")  # abort at once, no debugger attach
-        self._proc = subprocess.Popen([sys.executable, "-m", "specgguf.rpc", str(child.fileno())],
+        self._proc = subprocess.Popen([sys.executable, "-m", "specgguf.llama.rpc", str(child.fileno())],
                                       pass_fds=[child.fileno()], stdout=self._log, stderr=self._log, env=env)
         child.close()
         self._conn = Connection(parent.detach())
@@ -231,7 +231,7 @@ class RemoteModel:
         return len(seq) - common_prefix(self.tokens, seq)
 
     def eval(self, seq: Sequence[int], n_logits: int) -> np.ndarray:
-        """As :meth:`~specgguf.llama_model.LlamaModel.eval`, on the workers."""
+        """As :meth:`~specgguf.llama.model.LlamaModel.eval`, on the workers."""
         t0 = time.perf_counter()
         try:
             data = self._call(("eval", (list(seq), n_logits)), timeout=self.workers.timeout)
@@ -304,7 +304,7 @@ def _load_on_workers(path: str, endpoints: List[str], n_ctx: int, n_threads: int
 
 
 def _child_main(fd: int) -> None:
-    from .llama_model import LlamaModel
+    from .model import LlamaModel
     conn = Connection(fd)
     model = None
     while True:

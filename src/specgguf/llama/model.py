@@ -25,7 +25,7 @@ from typing import FrozenSet, List, Optional, Sequence, Union
 import llama_cpp
 import numpy as np
 
-from .drafter import common_prefix
+from ..ops.drafter import common_prefix
 
 MAX_VOCAB_DIFF = 128  # padding rows, as llama.cpp allows (e.g. Qwen2.5 0.5B vs 7B)
 MIN_CTX = 256         # llama.cpp raises smaller context windows to this

@@ -1,0 +1,1 @@
+"""llama.cpp underneath: a model's KV-cache bookkeeping (`model`), the target and the model drafter over it (`adapter`), a loaded pair (`pair`), RPC workers, model files and their identity, text in and out."""

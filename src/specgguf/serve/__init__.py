@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP server: routes and streaming (`server`), request parsing and errors (`openai_api`)."""
