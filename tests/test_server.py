@@ -266,7 +266,8 @@ def test_a_full_queue_answers_503_with_retry_after(session_state):
         body = {"messages": chat("Write a long story."), "max_tokens": 200, "stream": True}
         with httpx.Client(timeout=60) as h:
             with h.stream("POST", s.url + "/v1/chat/completions", json=body) as r:
-                next(r.iter_lines())  # the first is running
+                lines = r.iter_lines()  # kept: a dropped iterator closes the response
+                next(lines)  # the first is running
                 busy = httpx.post(s.url + "/v1/chat/completions", json=GOOD, timeout=60)
         assert busy.status_code == 503 and busy.headers["Retry-After"]
         assert busy.json()["error"]["code"] == "overloaded"
@@ -279,13 +280,19 @@ def test_a_full_queue_answers_503_with_retry_after(session_state):
 def test_slots_run_at_once_and_the_queue_counts_beyond_them(session_state):
     s = Served("--queue", "0", "--parallel", "2", key=None)
     try:
-        body = {"messages": chat("Write a long story."), "max_tokens": 300, "stream": True}
+        body = {"messages": chat("Write a very long story about the sea."), "max_tokens": 400, "stream": True,
+                "temperature": 1.0, "seed": 3}
         with httpx.Client(timeout=60) as h, httpx.Client(timeout=60) as h2:
             with h.stream("POST", s.url + "/v1/chat/completions", json=body) as a, \
                     h2.stream("POST", s.url + "/v1/chat/completions", json=body) as b:
-                next(a.iter_lines()), next(b.iter_lines())  # both slots are generating
+                # Both slots are generating. The line iterators are kept: one dropped
+                # closes its response, and the server rightly frees that slot.
+                lines = a.iter_lines(), b.iter_lines()
+                assert all(next(it).startswith("data: ") for it in lines)
+                health = httpx.get(s.url + "/health", timeout=10).json()
                 busy = httpx.post(s.url + "/v1/chat/completions", json=GOOD, timeout=60)
-        assert busy.status_code == 503
+        assert health["busy"] == 2, (health, s.text())
+        assert busy.status_code == 503, s.text()
         time.sleep(1)
         assert httpx.post(s.url + "/v1/chat/completions", json=GOOD, timeout=60).status_code == 200
     finally:
