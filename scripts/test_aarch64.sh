@@ -47,7 +47,7 @@ fi
 PYV=$(cd "$ROOT/usr/include" && ls -d python3.* | grep -m1 -E "^python3\.[0-9]+$")
 PKG="$WORK/pkg/specgguf"
 rm -rf "$WORK/pkg" && mkdir -p "$PKG"
-cp src/specgguf/*.py src/specgguf/py.typed "$PKG/"
+cp -r src/specgguf/. "$PKG/" && find "$PKG" -name __pycache__ -prune -exec rm -rf {} +  # the package, folders and all
 aarch64-linux-gnu-g++ $CXXFLAGS -shared -fPIC -static-libstdc++ \
   -I"$ROOT/usr/include/$PYV" -idirafter "$ROOT/usr/include" \
   cpp/bindings.cpp "$WORK"/obj_arm/*.o -o "$PKG/_core.cpython-$(echo "${PYV#python}" | tr -d .)-aarch64-linux-gnu.so"

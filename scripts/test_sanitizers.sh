@@ -25,7 +25,7 @@ g++ -std=c++17 -Icpp $SAN cpp/test_kernels.cpp "$WORK"/x86/*.o -o "$WORK/test_ke
 echo "== ASan + UBSan: the op tests through an instrumented extension"
 PKG="$WORK/pkg/specgguf"
 rm -rf "$WORK/pkg" && mkdir -p "$PKG"
-cp src/specgguf/*.py src/specgguf/py.typed "$PKG/"
+cp -r src/specgguf/. "$PKG/" && find "$PKG" -name __pycache__ -prune -exec rm -rf {} +  # the package, folders and all
 PY=.venv/bin/python
 "$PY" -c "import pybind11" 2>/dev/null || "$PY" -m pip install -q pybind11
 EXT=$("$PY" -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
