@@ -129,8 +129,10 @@ class SpeculativeLlama(CompletionMethods):
 
         Loaded with ``parallel=N`` (N > 1), up to N run together in shared
         rounds: one target forward per round verifies every request's draft,
-        and each output is exactly what that prompt gets alone (greedy, and
-        seeded sampling with the drafter-invariant rule). With ``parallel=1``
+        and each output is what that prompt gets alone: greedy token for
+        token; seeded sampling up to a race near-tie that llama.cpp's
+        batch-dependent rounding decides (see :mod:`specgguf.engine.batch`).
+        With ``parallel=1``
         they run one after another. Every prompt and setting is checked
         before any runs.
 
@@ -179,9 +181,9 @@ class SpeculativeLlama(CompletionMethods):
             policy = self.learning.policy(config, measure=lambda: pair.prompt_agreement(ids, sampler))
             dec = SpeculativeDecoder(pair.drafter, pair.target, k=policy or config.k, sampler=sampler,
                                      p_min=config.p_min, plain_first=True)  # the first token at once
-            out = TextStream(lambda t: pair.target_llm.detokenize([t], special=False), config.stop, pair.eog)
+            out = self._text(config)
             produced: List[int] = []
-            budget = min(config.max_tokens, self.n_ctx - len(ids))
+            budget = self._budget(ids, config)
             tokens = dec.stream(ids, budget, stop_tokens=self.pair.eog)
             yield from self._decode(tokens, out, should_stop, produced, self.pair.owns)
             seconds = time.perf_counter() - t0
@@ -194,13 +196,22 @@ class SpeculativeLlama(CompletionMethods):
         t0, before = time.perf_counter(), pair.timers()
         sampler = Sampler.from_config(config, origin=len(ids))
         known = self.learning.prior(config) if config.k == "auto" else None
-        ticket = self.engine.submit(ids, min(config.max_tokens, self.n_ctx - len(ids)), pair.eog, sampler,
+        ticket = self.engine.submit(ids, self._budget(ids, config), pair.eog, sampler,
                                     config.regime, None if config.k == "auto" else config.k, known,
                                     pair.state.evidence(config.regime))
-        out = TextStream(lambda t: pair.target_llm.detokenize([t], special=False), config.stop, pair.eog)
+        out = self._text(config)
         produced: List[int] = []
         yield from self._decode(iter(ticket), out, should_stop, produced, True)
         yield self._result(ticket, out, produced[:out.n_tokens()], len(ids), time.perf_counter() - t0, before)
+
+    def _budget(self, ids: List[int], config: GenerationConfig) -> int:
+        """Tokens this generation may emit: max_tokens, within the context window."""
+        return min(config.max_tokens, self.n_ctx - len(ids))
+
+    def _text(self, config: GenerationConfig) -> TextStream:
+        """The text of one generation, ended by its stop strings or an end-of-generation token."""
+        llm = self.pair.target_llm
+        return TextStream(lambda t: llm.detokenize([t], special=False), config.stop, self.pair.eog)
 
     def _decode(self, tokens: Iterator[int], out: TextStream, should_stop, produced: List[int], keep: bool):
         """Text pieces from ``tokens`` until ``out`` or ``should_stop`` ends
