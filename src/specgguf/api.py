@@ -38,12 +38,22 @@ class GenerationResult:
 
     ``tokens`` are the generated tokens whose text is entirely in ``text``
     (an end-of-generation token is never included; see :class:`TextStream`).
+    ``logprobs`` (when asked for): one ``(token, logprob, [(id, logprob)])``
+    per token of ``tokens``, under the target's raw logits.
     """
 
     text: str
     tokens: List[int]
     finish_reason: str
     stats: Dict[str, Any] = field(default_factory=dict)
+    logprobs: Optional[List[tuple]] = None
+
+
+class Piece(str):
+    """A streamed text piece; ``logprobs`` (when asked for) holds the entries
+    of the tokens whose text completed with it (see :class:`GenerationResult`)."""
+
+    logprobs: Optional[List[tuple]] = None
 
 
 _SETTINGS = frozenset(f.name for f in fields(GenerationConfig))
@@ -107,6 +117,15 @@ class SpeculativeLlama(CompletionMethods):
         through the GGUF's chat template, or token ids checked and passed on."""
         return self.pair.text.encode(prompt, chat)
 
+    def piece(self, token: int) -> bytes:
+        """A token's bytes, special tokens spelled out (for logprobs)."""
+        return self.pair.target_llm.detokenize([int(token)], special=True)
+
+    def check_grammar(self, grammar: str) -> None:
+        """ValueError if llama.cpp cannot compile ``grammar`` (GBNF) for this target."""
+        from .ops.logits import Grammar
+        Grammar(*self.pair.vocab, grammar).close()
+
     def reset(self) -> None:
         """Empty both KV caches."""
         self.pair.reset()
@@ -142,7 +161,7 @@ class SpeculativeLlama(CompletionMethods):
             come, in whatever order the requests produce them.
         """
         runs = [self.run(p, chat=chat, config=config, **settings) for p in prompts]
-        merged = _merge(runs, max(1, self.pair.slots))
+        merged = merge(runs, max(1, self.pair.slots))
         if stream:
             return ((i, item) for i, item in merged if isinstance(item, str))
         results: List[Optional[GenerationResult]] = [None] * len(runs)
@@ -165,18 +184,19 @@ class SpeculativeLlama(CompletionMethods):
         ids = self.tokenize(prompt, chat)
         if len(ids) >= self.n_ctx:
             raise ValueError(f"the prompt has {len(ids)} tokens; the context window is {self.n_ctx}")
-        return self._run(ids, config, should_stop)
+        sampler = Sampler.from_config(config, origin=len(ids), vocab=self.pair.vocab)  # a bad grammar fails here
+        return self._run(ids, config, sampler, should_stop)
 
-    def _run(self, ids: List[int], config: GenerationConfig, should_stop) -> Iterator:
+    def _run(self, ids: List[int], config: GenerationConfig, sampler: Sampler, should_stop) -> Iterator:
         if self.engine is not None:
-            yield from self._run_slot(ids, config, should_stop)
+            yield from self._run_slot(ids, config, sampler, should_stop)
             return
         pair = self.pair
         with self.guard:
             if not pair.owns:
                 pair.reset()  # the Llama objects may have been used on their own since
             t0, before = time.perf_counter(), pair.timers()
-            sampler = Sampler.from_config(config, origin=len(ids))
+            cached = len(ids) - pair.target.model.lag(ids)
             pair.use(sampler)
             policy = self.learning.policy(config, measure=lambda: pair.prompt_agreement(ids, sampler))
             dec = SpeculativeDecoder(pair.drafter, pair.target, k=policy or config.k, sampler=sampler,
@@ -185,23 +205,24 @@ class SpeculativeLlama(CompletionMethods):
             produced: List[int] = []
             budget = self._budget(ids, config)
             tokens = dec.stream(ids, budget, stop_tokens=self.pair.eog)
-            yield from self._decode(tokens, out, should_stop, produced, self.pair.owns)
+            yield from self._decode(tokens, out, should_stop, produced, self.pair.owns, sampler)
             seconds = time.perf_counter() - t0
             self.learning.finish(policy, config)
-            yield self._result(dec, out, produced[:out.n_tokens()], len(ids), seconds, before)
+            result = self._result(dec, out, produced[:out.n_tokens()], len(ids), seconds, before)
+            result.stats["cached_tokens"] = max(0, cached)
+            yield result
 
-    def _run_slot(self, ids: List[int], config: GenerationConfig, should_stop) -> Iterator:
+    def _run_slot(self, ids: List[int], config: GenerationConfig, sampler: Sampler, should_stop) -> Iterator:
         """One generation among others in the engine's shared rounds (``parallel`` > 1)."""
         pair = self.pair
         t0, before = time.perf_counter(), pair.timers()
-        sampler = Sampler.from_config(config, origin=len(ids))
         known = self.learning.prior(config) if config.k == "auto" else None
         ticket = self.engine.submit(ids, self._budget(ids, config), pair.eog, sampler,
                                     config.regime, None if config.k == "auto" else config.k, known,
                                     pair.state.evidence(config.regime))
         out = self._text(config)
         produced: List[int] = []
-        yield from self._decode(iter(ticket), out, should_stop, produced, True)
+        yield from self._decode(iter(ticket), out, should_stop, produced, True, sampler)
         yield self._result(ticket, out, produced[:out.n_tokens()], len(ids), time.perf_counter() - t0, before)
 
     def _budget(self, ids: List[int], config: GenerationConfig) -> int:
@@ -213,27 +234,37 @@ class SpeculativeLlama(CompletionMethods):
         llm = self.pair.target_llm
         return TextStream(lambda t: llm.detokenize([t], special=False), config.stop, self.pair.eog)
 
-    def _decode(self, tokens: Iterator[int], out: TextStream, should_stop, produced: List[int], keep: bool):
-        """Text pieces from ``tokens`` until ``out`` or ``should_stop`` ends
-        them; the models are reset after an error unless ``keep``."""
-        clean = False
+    def _decode(self, tokens: Iterator[int], out: TextStream, should_stop, produced: List[int], keep: bool,
+                sampler: Sampler):
+        """:class:`Piece` s of text from ``tokens`` until ``out`` or
+        ``should_stop`` ends them; the models are reset after an error unless ``keep``."""
+        clean, sent = False, [0]
+
+        def piece(text: str) -> Piece:
+            p = Piece(text)
+            if sampler.logprobs is not None:  # the tokens whose text is now complete
+                p.logprobs = sampler.logprobs.entries[sent[0]:out.n_tokens()]
+                sent[0] = out.n_tokens()
+            return p
         try:
             for tok in tokens:
                 produced.append(tok)
-                piece = out.add(tok)
-                if piece:
-                    yield piece
+                text = out.add(tok)
+                if text:
+                    yield piece(text)
                 if out.stopped or (should_stop is not None and should_stop()):
                     out.stopped = True
                     break
             rest = out.finish()
             if rest:
-                yield rest
+                yield piece(rest)
             clean = True
         finally:
             close = getattr(tokens, "close", None)
             if close is not None:
                 close()  # an engine's request ends (cancelled) with its stream
+            if self.engine is None:  # the engine's thread may still read it: freed when collected
+                sampler.close()
             if not (clean and keep) and self.engine is None:
                 self.reset()  # clean and usable after any exit, Ctrl-C included
 
@@ -246,7 +277,9 @@ class SpeculativeLlama(CompletionMethods):
         stats.update(tokens_per_second=n / seconds if seconds else 0.0, seconds=seconds, completion_tokens=n,
                      forward_seconds=forwards, warp_seconds=warp, overhead_seconds=seconds - forwards,
                      prompt_tokens=n_prompt, finish_reason=out.finish_reason, verification=dec.sampler.rule)
-        return GenerationResult(text=out.text, tokens=tokens, finish_reason=out.finish_reason, stats=stats)
+        lp = dec.sampler.logprobs
+        return GenerationResult(text=out.text, tokens=tokens, finish_reason=out.finish_reason, stats=stats,
+                                logprobs=None if lp is None else lp.entries[:n])
 
     def calibrate(self, progress=None) -> dict:
         """Measure this machine's forward costs for the pair and the draft's
@@ -270,7 +303,7 @@ class SpeculativeLlama(CompletionMethods):
         return {"costs": costs.to_dict(), "acceptance": acceptance}
 
 
-def _merge(runs: Sequence[Iterator], workers: int) -> Iterator[tuple]:
+def merge(runs: Sequence[Iterator], workers: int) -> Iterator[tuple]:
     """``(index, item)`` from every run, each drained by one of ``workers``
     threads; the first error is raised here and the other runs are closed."""
     import queue

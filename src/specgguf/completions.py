@@ -6,47 +6,87 @@ streaming chunks), so code written for ``llama_cpp.Llama`` switches by
 changing only the constructor. Speculation stats ride along under one extra
 key, ``"speculation"`` (in the response, or the last chunk of a stream).
 
-Arguments that would change the output and that specgguf does not implement
-(penalties, logit bias, grammars, logprobs, tools, ...) raise ``ValueError``
-naming the argument; none is silently ignored.
+Penalties, ``logit_bias``, ``grammar``, JSON ``response_format`` and
+``logprobs`` work as in llama-cpp-python, applied to every verified row
+(:mod:`specgguf.ops.logits`). Arguments that would change the output and that
+specgguf does not implement (tools, mirostat, typical-p, ...) raise
+``ValueError`` naming the argument; none is silently ignored.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Dict, Iterator, List, Optional, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Union
 
-from .config import GenerationConfig
+from .config import GenerationConfig, response_format_grammar
 from .llama.text import check_messages
+
+
+
+def _fingerprint() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return f"specgguf-{version('specgguf')}"
+    except PackageNotFoundError:
+        return "specgguf"
+
+
+FINGERPRINT = _fingerprint()  # system_fingerprint: the package and its version
 
 # (argument, the value that means "not used"): anything else would change the output.
 UNSUPPORTED = {
-    "suffix": None, "logprobs": None, "top_logprobs": None, "frequency_penalty": 0.0,
-    "presence_penalty": 0.0, "repeat_penalty": 1.0, "typical_p": 1.0, "tfs_z": 1.0, "mirostat_mode": 0,
-    "stopping_criteria": None, "logits_processor": None, "grammar": None, "logit_bias": None,
-    "functions": None, "function_call": None, "tools": None, "tool_choice": None, "n": 1,
+    "suffix": None, "typical_p": 1.0, "tfs_z": 1.0, "mirostat_mode": 0, "stopping_criteria": None,
+    "logits_processor": None, "functions": None, "function_call": None, "tools": None, "n": 1,
 }
-IGNORED = {"mirostat_tau", "mirostat_eta", "model", "user", "response_format", "stream_options",
-           "penalize_nl", "parallel_tool_calls"}
+IGNORED = {"mirostat_tau", "mirostat_eta", "model", "user", "stream_options", "penalize_nl", "parallel_tool_calls"}
+RULES = {"frequency_penalty", "presence_penalty", "repeat_penalty", "logit_bias", "grammar", "response_format",
+         "logprobs", "top_logprobs", "tool_choice"}
 
 
 def check_unsupported(kwargs: Dict[str, Any]) -> None:
     """Raise ValueError for an argument whose value specgguf cannot honour."""
     for name, neutral in UNSUPPORTED.items():
         value = kwargs.get(name, neutral)
-        if value is None or value == neutral or (name == "logprobs" and value is False):
+        if value is None or value == neutral:
             continue
-        if name in ("logit_bias", "tools", "functions") and not value:
+        if name in ("tools", "functions") and not value:
             continue  # empty: nothing asked
-        raise ValueError(f"{name}={value!r} is not supported by specgguf (it would change the output; "
-                         f"exact speculative decoding samples the target's own distribution)")
-    fmt = kwargs.get("response_format")
-    if fmt and not (isinstance(fmt, dict) and fmt.get("type") in (None, "text")):
-        raise ValueError(f"response_format={fmt!r} is not supported by specgguf (only plain text)")
-    unknown = sorted(set(kwargs) - set(UNSUPPORTED) - IGNORED - {"response_format"})
+        shown = f"a list of {len(value)}" if isinstance(value, (list, tuple)) else repr(value)
+        raise ValueError(f"{name}={shown} is not supported by specgguf")
+    unknown = sorted(set(kwargs) - set(UNSUPPORTED) - IGNORED - RULES)
     if unknown:
         raise TypeError(f"unexpected keyword argument(s): {', '.join(unknown)}")
+
+
+def rule_settings(kwargs: Dict[str, Any], chat: bool) -> Dict[str, Any]:
+    """The :class:`GenerationConfig` settings of llama-cpp-python's arguments
+    that change the distribution: penalties, ``logit_bias``, ``grammar`` (a
+    ``LlamaGrammar`` or GBNF text), ``response_format`` (JSON), and
+    ``logprobs`` (completions: the number of alternatives; chat:
+    ``logprobs=True`` with ``top_logprobs``)."""
+    out = {k: kwargs[k] for k in ("frequency_penalty", "presence_penalty", "repeat_penalty", "logit_bias")
+           if kwargs.get(k) is not None}
+    grammar = kwargs.get("grammar")
+    if grammar is not None:
+        out["grammar"] = grammar if isinstance(grammar, str) else getattr(grammar, "_grammar", grammar)
+    fmt_grammar = response_format_grammar(kwargs.get("response_format"))
+    if fmt_grammar is not None:
+        if grammar is not None:
+            raise ValueError("grammar and a JSON response_format are two grammars: give one")
+        out["grammar"] = fmt_grammar
+    choice = kwargs.get("tool_choice")
+    if choice not in (None, "none", "auto"):
+        raise ValueError(f"tool_choice={choice!r} is not supported by specgguf (no tool calling)")
+    lp, top = kwargs.get("logprobs"), kwargs.get("top_logprobs")
+    if chat:
+        if top is not None and not lp:
+            raise ValueError("top_logprobs needs logprobs=True")
+        if lp:
+            out["logprobs"] = 0 if top is None else top
+    elif lp is not None and lp is not False:
+        out["logprobs"] = lp
+    return out
 
 
 def speculation(stats: dict) -> dict:
@@ -65,7 +105,8 @@ def _settings(max_tokens: Optional[int], n_ctx: int, **kw) -> GenerationConfig:
 
 
 class CompletionMethods:
-    """The Llama-shaped methods; the host class provides ``run``, ``n_ctx`` and ``names``."""
+    """The Llama-shaped methods; the host class provides ``run``, ``n_ctx``,
+    ``names`` and ``piece`` (a token's bytes)."""
 
     def create_completion(self, prompt: Union[str, List[int]], max_tokens: Optional[int] = 16,
                           temperature: float = 0.8, top_p: float = 0.95, min_p: float = 0.05,
@@ -77,10 +118,10 @@ class CompletionMethods:
         ext = {k: kwargs.pop(k) for k in ("k", "p_min", "drafter_invariant") if k in kwargs}
         check_unsupported(kwargs)
         config = _settings(max_tokens, self.n_ctx, temperature=temperature, top_p=top_p, min_p=min_p,
-                           top_k=top_k, stop=stop, seed=seed, **ext)
+                           top_k=top_k, stop=stop, seed=seed, **ext, **rule_settings(kwargs, chat=False))
         run = self.run(prompt, config=config)
         prefix = prompt if echo and isinstance(prompt, str) else ""
-        shape = Shapes("cmpl", kwargs.get("model") or self.names[0])
+        shape = Shapes("cmpl", kwargs.get("model") or self.names[0], self.piece)
         if stream:
             return shape.text_chunks(run, prefix)
         return shape.text_response(_drain(run), prefix)
@@ -94,9 +135,9 @@ class CompletionMethods:
         ext = {k: kwargs.pop(k) for k in ("k", "p_min", "drafter_invariant") if k in kwargs}
         check_unsupported(kwargs)
         config = _settings(max_tokens, self.n_ctx, temperature=temperature, top_p=top_p, min_p=min_p,
-                           top_k=top_k, stop=stop, seed=seed, **ext)
+                           top_k=top_k, stop=stop, seed=seed, **ext, **rule_settings(kwargs, chat=True))
         run = self.run(check_messages(messages), chat=True, config=config)
-        shape = Shapes("chatcmpl", kwargs.get("model") or self.names[0])
+        shape = Shapes("chatcmpl", kwargs.get("model") or self.names[0], self.piece)
         if stream:
             return shape.chat_chunks(run)
         return shape.chat_response(_drain(run))
@@ -115,49 +156,104 @@ def _drain(run: Iterator) -> Any:
 
 
 class Shapes:
-    """Response dicts of one call (llama-cpp-python's and OpenAI's shapes): one id, one creation time."""
+    """Response dicts of one call (llama-cpp-python's and OpenAI's shapes): one
+    id, one creation time; ``piece(token) -> bytes`` names tokens in logprobs.
+    ``index`` picks the choice a result or chunk belongs to (``n`` > 1, list prompts)."""
 
-    def __init__(self, prefix: str, model: str) -> None:
+    def __init__(self, prefix: str, model: str, piece: Optional[Callable[[int], bytes]] = None) -> None:
         self.id = f"{prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model = model
+        self.piece = piece
 
     def head(self, kind: str) -> dict:
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model,
+                "system_fingerprint": FINGERPRINT}
 
     @staticmethod
-    def usage(stats: dict) -> dict:
-        p, c = stats["prompt_tokens"], stats["completion_tokens"]
-        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+    def usage(stats: Union[dict, List[dict]]) -> dict:
+        """Token counts of one result's stats, or summed over several (``n`` > 1)."""
+        every = stats if isinstance(stats, list) else [stats]
+        p, c = sum(s["prompt_tokens"] for s in every), sum(s["completion_tokens"] for s in every)
+        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
+                "prompt_tokens_details": {"cached_tokens": sum(s.get("cached_tokens", 0) for s in every)}}
+
+    # -- logprobs ------------------------------------------------------------------
+    def _text(self, token: int) -> str:
+        return self.piece(token).decode("utf-8", "replace")
+
+    def text_logprobs(self, entries: Optional[list], offset: int = 0) -> Optional[dict]:
+        """llama-cpp-python's (and OpenAI's legacy) completion logprobs."""
+        if entries is None:
+            return None
+        tokens, offsets = [], []
+        for tok, _, _ in entries:
+            offsets.append(offset)
+            tokens.append(self._text(tok))
+            offset += len(tokens[-1])
+        return {"tokens": tokens, "text_offset": offsets, "token_logprobs": [lp for _, lp, _ in entries],
+                "top_logprobs": [{self._text(i): v for i, v in top} if top else None for _, _, top in entries]}
+
+    def chat_logprobs(self, entries: Optional[list]) -> Optional[dict]:
+        """OpenAI's chat logprobs: ``{"content": [{token, logprob, bytes, top_logprobs}], "refusal": None}``."""
+        if entries is None:
+            return None
+        item = lambda tok, lp: {"token": self._text(tok), "logprob": lp, "bytes": list(self.piece(tok))}  # noqa: E731
+        return {"content": [{**item(tok, lp), "top_logprobs": [item(i, v) for i, v in top]}
+                            for tok, lp, top in entries], "refusal": None}
+
+    # -- whole responses -----------------------------------------------------------
+    def text_choice(self, res, index: int = 0, prefix: str = "") -> dict:
+        return {"text": prefix + res.text, "index": index, "logprobs": self.text_logprobs(res.logprobs, len(prefix)),
+                "finish_reason": res.finish_reason}
+
+    def chat_choice(self, res, index: int = 0) -> dict:
+        return {"index": index, "message": {"role": "assistant", "content": res.text, "refusal": None},
+                "logprobs": self.chat_logprobs(res.logprobs), "finish_reason": res.finish_reason}
+
+    def response(self, results: List, chat: bool, prefix: str = "") -> dict:
+        """One response with a choice per result (their order is their index)."""
+        choices = [self.chat_choice(r, i) if chat else self.text_choice(r, i, prefix) for i, r in enumerate(results)]
+        stats = [r.stats for r in results]
+        return {**self.head("chat.completion" if chat else "text_completion"), "choices": choices,
+                "usage": self.usage(stats), "speculation": speculation(stats[0]) if len(stats) == 1 else
+                [speculation(s) for s in stats]}
 
     def text_response(self, res, prefix: str = "") -> dict:
-        choice = {"text": prefix + res.text, "index": 0, "logprobs": None, "finish_reason": res.finish_reason}
-        return {**self.head("text_completion"), "choices": [choice], "usage": self.usage(res.stats),
-                "speculation": speculation(res.stats)}
+        return self.response([res], False, prefix)
 
     def chat_response(self, res) -> dict:
-        choice = {"index": 0, "message": {"role": "assistant", "content": res.text}, "logprobs": None,
-                  "finish_reason": res.finish_reason}
-        return {**self.head("chat.completion"), "choices": [choice], "usage": self.usage(res.stats),
-                "speculation": speculation(res.stats)}
+        return self.response([res], True)
+
+    # -- streams -------------------------------------------------------------------
+    def chunks(self, items: Iterator[tuple], chat: bool, n_choices: int = 1, prefix: str = "") -> Iterator[dict]:
+        """Stream chunks of ``(choice index, text piece or result)`` items:
+        first a role chunk per choice (chat; ``content: null`` as
+        llama-server sends it) or the echoed prompt (text), then one chunk
+        per piece, then each choice's last chunk with its finish reason."""
+        kind = "chat.completion.chunk" if chat else "text_completion"
+
+        def chunk(index, text, finish, lp=None, delta=None):
+            body = ({"delta": delta if delta is not None else ({"content": text} if text is not None else {})}
+                    if chat else {"text": text or ""})
+            return {**self.head(kind), "choices": [{"index": index, **body, "logprobs": lp, "finish_reason": finish}]}
+        offsets = [len(prefix)] * n_choices
+        for i in range(n_choices):
+            if chat:
+                yield chunk(i, None, None, delta={"role": "assistant", "content": None})
+            elif prefix:
+                yield chunk(i, prefix, None)
+        for i, item in items:
+            if isinstance(item, str):
+                entries = getattr(item, "logprobs", None)
+                lp = self.chat_logprobs(entries) if chat else self.text_logprobs(entries, offsets[i])
+                offsets[i] += len(item)
+                yield chunk(i, str(item), None, lp)
+            else:
+                yield {**chunk(i, None, item.finish_reason), "speculation": speculation(item.stats)}
 
     def text_chunks(self, run: Iterator, prefix: str = "") -> Iterator[dict]:
-        chunk = lambda text, finish: {**self.head("text_completion"), "choices": [  # noqa: E731
-            {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
-        if prefix:
-            yield chunk(prefix, None)
-        for item in run:
-            if isinstance(item, str):
-                yield chunk(item, None)
-            else:
-                yield {**chunk("", item.finish_reason), "speculation": speculation(item.stats)}
+        return self.chunks(((0, item) for item in run), False, 1, prefix)
 
     def chat_chunks(self, run: Iterator) -> Iterator[dict]:
-        chunk = lambda delta, finish: {**self.head("chat.completion.chunk"), "choices": [  # noqa: E731
-            {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
-        yield chunk({"role": "assistant"}, None)
-        for item in run:
-            if isinstance(item, str):
-                yield chunk({"content": item}, None)
-            else:
-                yield {**chunk({}, item.finish_reason), "speculation": speculation(item.stats)}
+        return self.chunks(((0, item) for item in run), True)

@@ -10,12 +10,70 @@ it names, the draft policy reads ``k`` and ``p_min``. Bad values raise
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
 from dataclasses import dataclass, fields, replace
-from typing import Optional, Sequence, Tuple, Union
+from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 
 from .checks import check_int as _int, check_p_min, check_real as _float
 
 K_MAX = 32  # the largest fixed draft length accepted (k="auto" considers up to learning.AUTO_K_MAX)
+TOP_LOGPROBS_MAX = 20  # as OpenAI's
+
+
+def _bias(value: object) -> Tuple[Tuple[int, float], ...]:
+    """``{token id (int or its decimal string, as JSON sends it): added logit}``."""
+    if value is None:
+        return ()
+    if isinstance(value, tuple):
+        value = dict(value)
+    if not isinstance(value, Mapping):
+        raise TypeError(f"logit_bias must be a mapping of token id to a number, got {type(value).__name__}")
+    out = {}
+    for key, bias in value.items():
+        try:
+            tok = int(key) if not isinstance(key, bool) else None
+        except (TypeError, ValueError):
+            tok = None
+        if tok is None or tok < 0 or (isinstance(key, float)):
+            raise ValueError(f"logit_bias: {key!r} is not a token id (an int >= 0)")
+        out[tok] = _float(f"logit_bias[{key!r}]", bias, -math.inf)
+    return tuple(sorted(out.items()))
+
+
+def schema_grammar(schema: Any) -> str:
+    """A JSON schema (a dict, or its JSON text) as GBNF, converted as llama.cpp
+    converts it (llama-cpp-python's port of ``json_schema_to_grammar``)."""
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+    text = schema if isinstance(schema, str) else json.dumps(schema)
+    try:
+        return json_schema_to_gbnf(text)
+    except Exception as e:  # the converter raises bare exceptions for what it cannot express
+        raise ValueError(f"json schema: cannot convert it to a grammar: {type(e).__name__}: {e}") from None
+
+
+def response_format_grammar(fmt: Any) -> Optional[str]:
+    """The grammar an OpenAI ``response_format`` asks for: None for text;
+    any JSON value for ``{"type": "json_object"}`` (with a ``"schema"``, as
+    llama-cpp-python takes it, that schema); the schema of
+    ``{"type": "json_schema", "json_schema": {"schema": ...}}``."""
+    if fmt is None:
+        return None
+    if not isinstance(fmt, Mapping) or fmt.get("type") not in ("text", "json_object", "json_schema"):
+        raise ValueError("response_format must be {\"type\": \"text\" | \"json_object\" | \"json_schema\"}, "
+                         f"got {fmt!r}")
+    if fmt["type"] == "text":
+        return None
+    if fmt["type"] == "json_object":
+        if fmt.get("schema") is not None:
+            return schema_grammar(fmt["schema"])
+        from llama_cpp.llama_grammar import JSON_GBNF
+        return JSON_GBNF
+    spec = fmt.get("json_schema")
+    if not isinstance(spec, Mapping) or not isinstance(spec.get("schema"), Mapping):
+        raise ValueError("response_format json_schema needs {\"json_schema\": {\"name\": ..., \"schema\": {...}}}")
+    return schema_grammar(spec["schema"])
 
 
 def _stops(value: object) -> Tuple[str, ...]:
@@ -48,6 +106,20 @@ class GenerationConfig:
             :func:`specgguf.accept_invariant`): the text is exactly plain
             seeded sampling's, whatever the draft, K or timings. None (the
             default) turns it on for seeded sampling runs.
+        logit_bias: ``{token id: added logit}`` (a dict; held as sorted pairs).
+        repeat_penalty, frequency_penalty, presence_penalty, penalty_last_n:
+            llama.cpp's penalties over the last ``penalty_last_n`` generated
+            tokens (1.0 / 0 / 0 switch them off; see
+            :class:`~specgguf.ops.logits.Penalties`).
+        grammar: GBNF text the output must match (llama.cpp's grammar
+            engine); see :func:`schema_grammar` and
+            :func:`response_format_grammar` for JSON.
+        logprobs: report each token's log-probability under the target with
+            this many alternatives (0..20); None: not reported.
+
+    Every rule above is applied to each verified row given the tokens before
+    it, and to the draft's rows, so the output is plain decoding's with the
+    same settings (:mod:`specgguf.ops.logits`).
     """
 
     max_tokens: int = 256
@@ -60,6 +132,13 @@ class GenerationConfig:
     seed: Optional[int] = None
     stop: Tuple[str, ...] = ()
     drafter_invariant: Optional[bool] = None
+    logit_bias: Tuple[Tuple[int, float], ...] = ()
+    repeat_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    penalty_last_n: int = 64
+    grammar: Optional[str] = None
+    logprobs: Optional[int] = None
 
     def __post_init__(self) -> None:
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
@@ -80,6 +159,20 @@ class GenerationConfig:
         set_("stop", _stops(self.stop))
         if self.drafter_invariant is not None and not isinstance(self.drafter_invariant, bool):
             raise TypeError(f"drafter_invariant must be True, False or None, got {self.drafter_invariant!r}")
+        set_("logit_bias", _bias(self.logit_bias))
+        set_("repeat_penalty", _float("repeat_penalty", self.repeat_penalty, 0.0))
+        if self.repeat_penalty == 0.0:
+            raise ValueError("repeat_penalty must be > 0 (1.0: off)")
+        set_("frequency_penalty", _float("frequency_penalty", self.frequency_penalty, -2.0, 2.0))
+        set_("presence_penalty", _float("presence_penalty", self.presence_penalty, -2.0, 2.0))
+        set_("penalty_last_n", _int("penalty_last_n", self.penalty_last_n, 0))
+        if self.grammar is not None:
+            if not isinstance(self.grammar, str):
+                raise TypeError(f"grammar must be GBNF text (a str), got {type(self.grammar).__name__}")
+            if not self.grammar.strip():
+                set_("grammar", None)
+        if self.logprobs is not None:
+            set_("logprobs", _int("logprobs", self.logprobs, 0, TOP_LOGPROBS_MAX))
 
     @classmethod
     def from_kwargs(cls, config: Optional["GenerationConfig"] = None, **kwargs) -> "GenerationConfig":
@@ -112,6 +205,10 @@ class GenerationConfig:
         """What a draft's acceptance depends on besides the models: greedy, or
         the warp settings (rounded), so evidence learned at one temperature is
         never used at another."""
-        if self.greedy:
-            return "greedy"
-        return f"t{self.temperature:.2f}-k{self.top_k}-p{self.top_p:.2f}-m{self.min_p:.2f}-{self.verification}"
+        base = "greedy" if self.greedy else (f"t{self.temperature:.2f}-k{self.top_k}-p{self.top_p:.2f}-"
+                                             f"m{self.min_p:.2f}-{self.verification}")
+        rules = (self.logit_bias, self.repeat_penalty, self.frequency_penalty, self.presence_penalty,
+                 self.penalty_last_n, self.grammar)
+        if rules == ((), 1.0, 0.0, 0.0, 64, None):
+            return base
+        return base + "-r" + hashlib.sha256(repr(rules).encode()).hexdigest()[:8]

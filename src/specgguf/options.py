@@ -4,6 +4,10 @@ and what they build: a GenerationConfig and a loaded SpeculativeLlama."""
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import re
+from typing import List, Optional
 
 from .checks import check_int, check_real
 
@@ -78,14 +82,60 @@ def add_generation_args(ap: argparse.ArgumentParser) -> None:
     inv.add_argument("--exact-pq", dest="drafter_invariant", action="store_false",
                      help="verify sampled drafts by the min(1, p/q) rule even with --seed (accepts a "
                      "little more; a seed then reproduces only with the same settings and state)")
+    ap.add_argument("--repeat-penalty", type=_number(float, 0.0), default=1.0,
+                    help="penalise tokens among the last --repeat-last-n generated, as llama.cpp (1.0 = off)")
+    ap.add_argument("--repeat-last-n", type=_number(int, 0), default=64, help="tokens the penalties look back (64)")
+    ap.add_argument("--presence-penalty", type=_number(float, -2.0, 2.0), default=0.0,
+                    help="subtract this from a token seen before (0 = off)")
+    ap.add_argument("--frequency-penalty", type=_number(float, -2.0, 2.0), default=0.0,
+                    help="subtract this times a token's count (0 = off)")
+    ap.add_argument("--logit-bias", action="append", default=[], metavar="TOKEN_ID(+|-)BIAS",
+                    help="add BIAS to a token's logit, e.g. 15043+1.5 or 2-inf (repeatable)")
+    fmt = ap.add_mutually_exclusive_group()
+    fmt.add_argument("--grammar-file", help="constrain the output to this GBNF grammar (llama.cpp's format)")
+    fmt.add_argument("--json-schema", help="constrain the output to JSON matching this schema: inline JSON "
+                     "or a file (converted to a grammar as llama.cpp does); '{}' for any JSON value")
+
+
+def _logit_bias(items: List[str]) -> dict:
+    out = {}
+    for item in items:
+        m = re.fullmatch(r"\s*(\d+)\s*([+-])\s*(inf|\d+(?:\.\d*)?(?:[eE][+-]?\d+)?)\s*", item)
+        if not m:
+            raise ValueError(f"--logit-bias {item!r}: expected TOKEN_ID+BIAS or TOKEN_ID-BIAS, e.g. 15043+1.5")
+        out[int(m.group(1))] = float(m.group(2) + m.group(3))
+    return out
+
+
+def _grammar(args: argparse.Namespace) -> Optional[str]:
+    from .config import schema_grammar
+    if getattr(args, "grammar_file", None):
+        with open(args.grammar_file, encoding="utf-8") as f:
+            return f.read()
+    schema = getattr(args, "json_schema", None)
+    if schema is None:
+        return None
+    if not schema.lstrip().startswith("{") and os.path.exists(schema):
+        with open(schema, encoding="utf-8") as f:
+            schema = f.read()
+    try:
+        json.loads(schema)
+    except ValueError as e:
+        raise ValueError(f"--json-schema: not JSON ({e})") from None
+    return schema_grammar(schema)
 
 
 def config_from_args(args: argparse.Namespace):
+    """The GenerationConfig of the generation options (ValueError/OSError for
+    a bad --logit-bias, --grammar-file or --json-schema)."""
     from .config import GenerationConfig
     return GenerationConfig(max_tokens=args.max_tokens, temperature=args.temp, top_k=args.top_k,
                             top_p=args.top_p, min_p=args.min_p, k=args.draft_max, p_min=args.p_min,
                             seed=args.seed, drafter_invariant=args.drafter_invariant,
-                            stop=getattr(args, "stop", None))
+                            stop=getattr(args, "stop", None), repeat_penalty=args.repeat_penalty,
+                            penalty_last_n=args.repeat_last_n, presence_penalty=args.presence_penalty,
+                            frequency_penalty=args.frequency_penalty, logit_bias=_logit_bias(args.logit_bias),
+                            grammar=_grammar(args))
 
 
 def load_pair(args: argparse.Namespace, **kw):

@@ -171,6 +171,7 @@ class SpeculativeDecoder:
             raise ValueError("prompt_ids must hold at least one token")
         max_new = check_int("max_new", max_new, 0)
         self.stats = DecoderStats()
+        self.sampler.restart()  # a grammar starts over with each text
         return self._rounds(prefix, max_new, frozenset(int(t) for t in stop_tokens))
 
     def _rounds(self, prefix: List[int], max_new: int, stops: frozenset) -> Iterator[int]:

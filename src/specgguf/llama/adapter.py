@@ -32,9 +32,10 @@ class LlamaTarget:
         self.warp_seconds = 0.0
 
     def __call__(self, prefix: Sequence[int], proposed: Sequence[int]) -> np.ndarray:
-        logits = self.model.eval(list(prefix) + list(proposed), len(proposed) + 1)
+        context = list(prefix) + list(proposed)
+        logits = self.model.eval(context, len(proposed) + 1)
         t0 = time.perf_counter()
-        rows = self.sampler.warp(logits)
+        rows = self.sampler.target_rows(logits, context)
         self.warp_seconds += time.perf_counter() - t0
         return rows
 
@@ -76,7 +77,7 @@ class ModelDrafter:
                     catchup = self.sampler.agreement(rows[:-1], seq, len(seq) - checked)
                 first = time.perf_counter() - t0
             row = rows[-1]
-            tok, c, q = self.sampler.pick(row, len(seq))
+            tok, c, q = self.sampler.pick(row, seq)
             if p_min is not None and c < p_min:
                 stop = "cutoff"
                 break

@@ -110,6 +110,16 @@ class ModelPair:
         return [self.target.model] + ([self.draft_model.model] if self.draft_model else [])
 
     @property
+    def dead(self) -> Optional[str]:
+        """Why a model can no longer run (its RPC worker died), or None."""
+        return next((m.dead for m in self.models if getattr(m, "dead", None)), None)
+
+    @property
+    def vocab(self) -> tuple:
+        """``(llama_vocab pointer, n_vocab)`` of the target: what a grammar compiles against."""
+        return self.target_llm._model.vocab, int(self.target_llm.n_vocab())
+
+    @property
     def n_ctx(self) -> int:
         return min(m.n_ctx for m in self.models)
 

@@ -1,6 +1,11 @@
 """Choosing tokens: the warp applied identically to both models, and the
 :class:`Sampler` that holds the one rule a generation verifies drafts by.
 
+Before the warp (or the argmax), a row gets the generation's
+:class:`~specgguf.ops.logits.LogitRules` (logit bias, penalties, grammar),
+given the tokens before its position: the target's K+1 rows and the draft's
+rows alike.
+
 Warp order as llama-cpp-python's default sampler chain: top-k, then top-p and
 min-p on the softmax of the (untempered) survivors, then temperature on what
 is left. Temperature 0 means greedy and never reaches the warp.
@@ -16,6 +21,7 @@ import numpy as np
 
 from .. import _core
 from .drafter import Draft
+from .logits import Grammar, LogitRules, Logprobs, Penalties
 from .verify import GeneratorLike, accept, accept_invariant, accept_onehot, as_generator, race_pick, verify_greedy
 
 RULES = ("greedy", "exact", "invariant")
@@ -60,11 +66,16 @@ class Sampler:
         draft_generator: the draft's own random source (exact rule).
         seed: the race's seed (invariant rule; None: fresh entropy).
         origin: the prompt's length; output position = context length - origin.
+        rules: :class:`~specgguf.ops.logits.LogitRules` applied to every row
+            before the warp (None: none).
+        logprobs: record the emitted tokens' log-probabilities with this many
+            alternatives each (None: do not record).
     """
 
     def __init__(self, rule: str = "greedy", warping: Tuple[float, int, float, float] = (1.0, 0, 1.0, 0.0), *,
                  generator: GeneratorLike = None, draft_generator: GeneratorLike = None,
-                 seed: Optional[int] = None, origin: int = 0) -> None:
+                 seed: Optional[int] = None, origin: int = 0, rules: Optional[LogitRules] = None,
+                 logprobs: Optional[int] = None) -> None:
         if rule not in RULES:
             raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
         self.rule = rule
@@ -74,30 +85,72 @@ class Sampler:
         self.seed = secrets.randbits(64) if seed is None and rule == "invariant" else seed
         self.origin = origin
         self.emitted_p: Dict[int, float] = {}  # exact rule: the target's p(x) of each token emitted, by position
+        self.rules = rules if rules is not None and rules.active else None
+        self.logprobs = Logprobs(logprobs) if logprobs is not None else None
+        # How many of a row's best tokens the warp reads: what a grammar must check.
+        self.need = 1 if rule == "greedy" else (warping[1] if warping[1] > 0 else 0)
 
     @classmethod
-    def from_config(cls, config, origin: int = 0) -> "Sampler":
+    def from_config(cls, config, origin: int = 0, vocab: Optional[tuple] = None) -> "Sampler":
         """The sampler a :class:`~specgguf.config.GenerationConfig` asks for.
         With the exact rule and a seed, the verifier draws from ``seed`` and
-        the draft from ``seed + 1`` (two independent streams)."""
+        the draft from ``seed + 1`` (two independent streams). ``vocab``:
+        ``(llama_vocab pointer, n_vocab)`` of the target, which a grammar
+        compiles against (ValueError if the grammar does not parse)."""
         seed = config.seed
+        grammar = None
+        if config.grammar is not None:
+            if vocab is None:
+                raise ValueError("a grammar needs the target's vocabulary")
+            grammar = Grammar(vocab[0], vocab[1], config.grammar)
+        rules = LogitRules(dict(config.logit_bias), Penalties(config.repeat_penalty, config.frequency_penalty,
+                                                             config.presence_penalty, config.penalty_last_n),
+                           grammar)
         return cls(config.verification, (config.temperature, config.top_k, config.top_p, config.min_p),
                    generator=seed, draft_generator=None if seed is None else (seed + 1) % 2**64,
-                   seed=seed, origin=origin)
+                   seed=seed, origin=origin, rules=rules, logprobs=config.logprobs)
+
+    def restart(self) -> None:
+        """A new generation from the same prompt length: the rules' state
+        (the grammar's) and the recorded logprobs start over."""
+        if self.rules is not None:
+            self.rules.restart()
+        if self.logprobs is not None:
+            self.logprobs.restart()
+
+    def close(self) -> None:
+        """Free the grammar's states (also done when the sampler is collected)."""
+        if self.rules is not None:
+            self.rules.close()
 
     @property
     def greedy(self) -> bool:
         return self.rule == "greedy"
 
     def warp(self, logits: np.ndarray) -> np.ndarray:
-        """``[n, V]`` logits to what the verifier reads: the logits themselves
-        when greedy, else the warped probabilities."""
+        """``[n, V]`` logits to what the verifier reads, without the rules (for
+        estimates only): the logits themselves when greedy, else the warped
+        probabilities."""
         return logits if self.greedy else warp(logits, *self.warping)
 
-    def pick(self, logits: np.ndarray, context_len: int) -> Tuple[int, float, Optional[np.ndarray]]:
-        """The draft's token after a context of ``context_len`` tokens, from its
-        ``[V]`` logits: ``(token, confidence, q)``; q (``[V]`` float32) only
-        for the exact rule, which verifies against it."""
+    def _ruled(self, logits: np.ndarray, context: Sequence[int]) -> np.ndarray:
+        return logits if self.rules is None else self.rules.apply(logits, context, self.origin, self.need)
+
+    def target_rows(self, logits: np.ndarray, context: Sequence[int]) -> np.ndarray:
+        """The target's ``[n, V]`` logits to what the verifier reads: the
+        rules applied (row i given ``context[:len(context) - n + 1 + i]``),
+        then the logits themselves when greedy, else the warped
+        probabilities. Records the rows for logprobs when asked."""
+        if self.logprobs is not None:
+            self.logprobs.record(logits, len(context) - len(logits) + 1 - self.origin)
+        return self.warp(self._ruled(logits, context))
+
+    def pick(self, logits: np.ndarray, context: Sequence[int]) -> Tuple[int, float, Optional[np.ndarray]]:
+        """The draft's token after ``context`` (prompt and tokens so far), from
+        its ``[V]`` logits: ``(token, confidence, q)``; q (``[V]`` float32)
+        only for the exact rule, which verifies against it."""
+        context_len = len(context)
+        logits = self._ruled(logits[None, :], context)[0]
         if self.greedy:
             tok = int(np.argmax(logits))
             return tok, float(1.0 / np.exp(logits - logits[tok]).sum()), None
@@ -111,7 +164,17 @@ class Sampler:
 
     def verify(self, target: np.ndarray, draft: Draft, position: int) -> Tuple[int, int]:
         """``(n_accepted, next_token)`` for target rows ``[len(draft.tokens)+1, V]``
-        at output ``position`` (tokens generated before this round)."""
+        (from :meth:`target_rows`) at output ``position`` (tokens generated
+        before this round)."""
+        n, nxt = self._verify(target, draft, position)
+        emitted = list(draft.tokens[:n]) + [nxt]
+        if self.rules is not None:
+            self.rules.commit(emitted)
+        if self.logprobs is not None:
+            self.logprobs.emit(emitted)
+        return n, nxt
+
+    def _verify(self, target: np.ndarray, draft: Draft, position: int) -> Tuple[int, int]:
         if self.rule == "greedy":
             return verify_greedy(target, draft.tokens)
         if self.rule == "invariant":

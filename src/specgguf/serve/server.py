@@ -31,10 +31,11 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import AsyncIterator, Iterator, Optional
+from typing import AsyncIterator, Iterator, List, Optional, Sequence
 
 import anyio
 
+from ..api import merge
 from ..completions import Shapes
 from .openai_api import BadRequest, Call, error_body, parse
 
@@ -74,6 +75,14 @@ class Server:
         with self.admit:
             self.pending -= 1
 
+    def dead(self) -> Optional[str]:
+        """Why the pair can no longer generate (an RPC worker died), or None."""
+        return self.llm.pair.dead
+
+    def failure_status(self) -> int:
+        """500 for a failed request, 503 when the pair itself is down."""
+        return 503 if self.dead() else 500
+
     def authorized(self, header: Optional[str]) -> bool:
         if not self.api_key:
             return True
@@ -92,22 +101,33 @@ class Server:
 
     # -- generation (in a worker thread) -----------------------------------------
     def items(self, call: Call, cancel: threading.Event) -> Iterator:
-        """The call's text pieces, then its GenerationResult."""
+        """``(choice index, text piece or GenerationResult)`` of every choice
+        the call asks for (``n`` per prompt), run together as the slots allow."""
         if cancel.is_set() or self.stopping.is_set():
             return iter(())
         stop = lambda: cancel.is_set() or self.stopping.is_set()  # noqa: E731
-        return self.llm.run(call.ids, config=call.config, should_stop=stop)
+        ids = [i for i in call.ids for _ in range(call.n)]
+        runs = [self.llm.run(i, config=c, should_stop=stop) for i, c in zip(ids, call.configs())]
+        return merge(runs, max(1, self.slots))
 
     def check(self, call: Call) -> None:
-        """Tokenize the call's prompt (once: ``call.ids``), with the errors a
-        call must get before it is admitted (a prompt too long for the context)."""
+        """Tokenize the call's prompts (once: ``call.ids``) and compile its
+        grammar, with the errors a call must get before it is admitted (a
+        prompt too long for the context, a grammar llama.cpp cannot parse)."""
+        param = "messages" if call.kind == "chat" else "prompt"
         try:
-            call.ids = self.llm.tokenize(call.prompt, chat=call.kind == "chat")
+            call.ids = [self.llm.tokenize(p, chat=call.kind == "chat") for p in call.prompts]
         except (TypeError, ValueError) as e:
-            raise BadRequest(str(e), "messages" if call.kind == "chat" else "prompt") from None
-        if len(call.ids) >= self.llm.n_ctx:
-            raise BadRequest(f"the prompt has {len(call.ids)} tokens; the context window is {self.llm.n_ctx}",
-                             "messages" if call.kind == "chat" else "prompt", "context_length_exceeded")
+            raise BadRequest(str(e), param) from None
+        for ids in call.ids:
+            if len(ids) >= self.llm.n_ctx:
+                raise BadRequest(f"the prompt has {len(ids)} tokens; the context window is {self.llm.n_ctx}",
+                                 param, "context_length_exceeded")
+        if call.config.grammar is not None:
+            try:
+                self.llm.check_grammar(call.config.grammar)
+            except ValueError as e:
+                raise BadRequest(str(e), "grammar") from None
 
 
 def _sse(obj) -> bytes:
@@ -137,16 +157,33 @@ def _error(e: BadRequest):
 async def _health(request):
     from starlette.responses import JSONResponse
     server = request.app.state.server
+    dead = server.dead()
+    if dead:  # a worker died: the server cannot answer requests (no details without the key)
+        body = {"status": "error"}
+        if server.authorized(request.headers.get("authorization")):
+            body["error"] = dead
+        return JSONResponse(body, status_code=503)
     if not server.authorized(request.headers.get("authorization")):
         return JSONResponse({"status": "ok"})  # liveness only: nothing about the server
     return JSONResponse({"status": "ok", "model": server.model_id, "busy": server.pending})
 
 
+def _model_card(server: Server) -> dict:
+    return {"id": server.model_id, "object": "model", "created": server.created, "owned_by": "specgguf"}
+
+
 async def _models(request):
     from starlette.responses import JSONResponse
-    server = request.app.state.server
-    return JSONResponse({"object": "list", "data": [{"id": server.model_id, "object": "model",
-                                                     "created": server.created, "owned_by": "specgguf"}]})
+    return JSONResponse({"object": "list", "data": [_model_card(request.app.state.server)]})
+
+
+async def _model(request):
+    from starlette.responses import JSONResponse
+    server, name = request.app.state.server, request.path_params["name"]
+    if name != server.model_id:
+        return JSONResponse(error_body(f"the model {name!r} does not exist (this server has {server.model_id!r})",
+                                       "invalid_request_error", "model", "model_not_found"), status_code=404)
+    return JSONResponse(_model_card(server))
 
 
 async def _generate(request, kind: str):
@@ -166,7 +203,7 @@ async def _generate(request, kind: str):
     except BadRequest as e:
         server.log(e.status, request.url.path, None, None, time.perf_counter() - t0)
         return _error(e)
-    shapes = Shapes("chatcmpl" if kind == "chat" else "cmpl", call.model or server.model_id)
+    shapes = Shapes("chatcmpl" if kind == "chat" else "cmpl", call.model or server.model_id, server.llm.piece)
     if call.stream:
         return StreamingResponse(_stream(server, request, call, shapes, t0), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -194,8 +231,11 @@ async def _on_error(request, exc: Exception):
     return JSONResponse(error_body(f"internal error: {type(exc).__name__}: {exc}", "server_error"), status_code=500)
 
 
-def create_app(server: Server):
-    """The Starlette application over ``server`` (every route but ``GET /health`` behind the API key when set)."""
+def create_app(server: Server, cors_origins: Sequence[str] = ()):
+    """The Starlette application over ``server``: every route but ``GET
+    /health`` behind the API key when set; the OpenAI routes under ``/v1``
+    and, as llama-server serves them, without it; CORS for ``cors_origins``
+    only (none by default: a web page elsewhere cannot call the server)."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.routing import Route
@@ -205,13 +245,20 @@ def create_app(server: Server):
         yield
         server.stopping.set()  # running generations end within a round
 
-    routes = [Route("/health", _health), Route("/v1/models", _models),
-              Route("/v1/completions", _completions, methods=["POST"]),
-              Route("/v1/chat/completions", _chat, methods=["POST"])]
+    routes = [Route("/health", _health)]
+    for base in ("/v1", ""):
+        routes += [Route(f"{base}/models", _models), Route(base + "/models/{name:path}", _model),
+                   Route(f"{base}/completions", _completions, methods=["POST"]),
+                   Route(f"{base}/chat/completions", _chat, methods=["POST"])]
     app = Starlette(routes=routes, exception_handlers={HTTPException: _on_http_error, Exception: _on_error},
                     lifespan=lifespan)
     app.state.server = server
-    return _Auth(app, server)
+    guarded = _Auth(app, server)
+    if not cors_origins:
+        return guarded
+    from starlette.middleware.cors import CORSMiddleware  # outside the key check: a preflight carries no key
+    return CORSMiddleware(guarded, allow_origins=list(cors_origins), allow_methods=["GET", "POST", "OPTIONS"],
+                          allow_headers=["Authorization", "Content-Type"], max_age=600)
 
 
 class _Auth:
@@ -233,12 +280,13 @@ class _Auth:
         await self.app(scope, receive, send)
 
 
-def _collect(server: Server, call: Call, cancel: threading.Event):
-    result = None
-    for item in server.items(call, cancel):
+def _collect(server: Server, call: Call, cancel: threading.Event) -> Optional[list]:
+    """Every choice's GenerationResult in index order; None if any was cut short by shutdown."""
+    results = [None] * (len(call.prompts) * call.n)
+    for i, item in server.items(call, cancel):
         if not isinstance(item, str):
-            result = item
-    return result
+            results[i] = item
+    return None if any(r is None for r in results) else results
 
 
 async def _respond(server: Server, request, call: Call, shapes: Shapes, t0: float):
@@ -248,27 +296,35 @@ async def _respond(server: Server, request, call: Call, shapes: Shapes, t0: floa
     work = asyncio.get_running_loop().run_in_executor(server.pool, _collect, server, call, cancel)
     try:
         with anyio.CancelScope(shield=True):  # the pair stays busy until the thread is done
-            result = await work
+            results = await work
     except (ValueError, TypeError, RuntimeError, OSError) as e:
         server.log(500, request.url.path, call, None, time.perf_counter() - t0)
-        return JSONResponse(error_body(str(e), "server_error"), status_code=500)
+        return JSONResponse(error_body(str(e), "server_error"), status_code=server.failure_status())
     finally:
         cancel.set()
         watcher.cancel()
         server.leave()
-    server.log(200, request.url.path, call, result, time.perf_counter() - t0)
-    if result is None:  # the server is shutting down
+    server.log(200, request.url.path, call, results[0] if results else None, time.perf_counter() - t0)
+    if results is None:  # the server is shutting down
         return JSONResponse(error_body("the server is shutting down", "server_error"), status_code=503)
-    prefix = call.prompt if call.echo and isinstance(call.prompt, str) else ""
-    body = shapes.chat_response(result) if call.kind == "chat" else shapes.text_response(result, prefix)
+    if call.kind == "chat":
+        return JSONResponse(shapes.response(results, True))
+    if len(call.prompts) == 1:
+        prefix = call.prompt if call.echo and isinstance(call.prompt, str) else ""
+        return JSONResponse(shapes.response(results, False, prefix))
+    body = shapes.response(results, False)
+    if call.echo:  # each choice echoes its own prompt
+        for c in body["choices"]:
+            p = call.prompts[c["index"] // call.n]
+            c["text"] = (p if isinstance(p, str) else "") + c["text"]
     return JSONResponse(body)
 
 
 def _produce(server: Server, call: Call, shapes: Shapes, relay: "_Relay", put, cancel: threading.Event) -> None:
     """Runs in one worker thread from the first chunk to the last (the pair's
     lock belongs to one thread per generation); hands each chunk to ``put``."""
-    prefix = call.prompt if call.echo and isinstance(call.prompt, str) else ""
-    chunks = shapes.chat_chunks(relay) if call.kind == "chat" else shapes.text_chunks(relay, prefix)
+    prefix = call.prompt if call.echo and isinstance(call.prompt, str) and len(call.prompts) == 1 else ""
+    chunks = shapes.chunks(relay, call.kind == "chat", len(call.prompts) * call.n, prefix)
     try:
         for chunk in chunks:
             put(chunk)
@@ -307,9 +363,9 @@ async def _stream(server: Server, request, call: Call, shapes: Shapes, t0: float
             if events:
                 yield b"".join(_sse(i) for i in events)
                 sent += len(events)
-        if call.include_usage and relay.result is not None:
+        if call.include_usage and relay.results:
             yield _sse({**shapes.head("chat.completion.chunk" if call.kind == "chat" else "text_completion"),
-                        "choices": [], "usage": shapes.usage(relay.result.stats)})
+                        "choices": [], "usage": shapes.usage([r.stats for r in relay.results])})
         yield b"data: [DONE]\n\n"
         finished = not gone.is_set()
     finally:
@@ -325,16 +381,20 @@ async def _stream(server: Server, request, call: Call, shapes: Shapes, t0: float
 
 
 class _Relay:
-    """An iterator over a run that remembers its result (for the log and usage)."""
+    """An iterator over a call's ``(index, item)`` that remembers the results (for the log and usage)."""
 
     def __init__(self, items: Iterator) -> None:
-        self.items, self.result = items, None
+        self.items, self.results = items, []
+
+    @property
+    def result(self):
+        return self.results[0] if self.results else None
 
     def __iter__(self):
-        for item in self.items:
+        for index, item in self.items:
             if not isinstance(item, str):
-                self.result = item
-            yield item
+                self.results.append(item)
+            yield index, item
 
     def close(self) -> None:
         close = getattr(self.items, "close", None)
@@ -367,6 +427,42 @@ def auto_slots(args) -> int:
     return max(1, min(AUTO_SLOTS, int((avail - weights) * 0.8 // max(per_slot, 1))))
 
 
+def listen(hosts: Sequence[str], port: int) -> List["socket.socket"]:
+    """Listening sockets for ``port`` on every address of ``hosts``; OSError
+    with one clear line (a busy port, an address not on this machine, a
+    name that does not resolve) before anything is served."""
+    import socket
+    socks: List[socket.socket] = []
+    try:
+        for host in hosts:
+            try:
+                infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+            except socket.gaierror as e:
+                raise OSError(f"cannot listen on {host!r}: the name does not resolve ({e.strerror})") from None
+            family, _, _, _, addr = infos[0]
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            socks.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(addr)
+            except OSError as e:
+                why = "the port is in use (another server?)" if e.errno == 98 else e.strerror
+                raise OSError(f"cannot listen on {_url(host, port)}: {why}") from None
+            sock.listen(128)
+            sock.set_inheritable(True)
+    except OSError:
+        for sock in socks:
+            sock.close()
+        raise
+    return socks
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 def main(argv) -> int:
     from ..options import Parser, add_generation_args, add_model_args, config_from_args, load_pair
     from ..llama.rpc import is_loopback
@@ -374,7 +470,8 @@ def main(argv) -> int:
                 "Point any OpenAI client at http://HOST:PORT/v1 (see README: OpenAI-compatible server).")
     add_model_args(ap)
     add_generation_args(ap)
-    ap.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1: this machine only)")
+    ap.add_argument("--host", default="127.0.0.1", help="address(es) to listen on, comma-separated, e.g. "
+                    "'127.0.0.1,::1' (default 127.0.0.1: this machine only)")
     ap.add_argument("--port", type=int, default=8080, help="port (8080)")
     ap.add_argument("--api-key", default=os.environ.get("SPECGGUF_API_KEY"),
                     help="require 'Authorization: Bearer KEY' on every route but GET /health, which "
@@ -385,7 +482,12 @@ def main(argv) -> int:
     ap.add_argument("--queue", type=int, default=16, help="requests that may wait while the slots are busy (16); "
                     "beyond that: 503 with Retry-After")
     ap.add_argument("--model-id", help="the model name /v1/models reports (default: the target's file name)")
+    ap.add_argument("--cors-origins", default="", help="web origins allowed to call the server from a browser, "
+                    "comma-separated (e.g. 'http://localhost:3000', or '*' for any); default none")
     args = ap.parse_args(argv)
+    hosts = [h.strip() for h in args.host.split(",") if h.strip()]
+    if not hosts:
+        ap.error("--host needs at least one address")
     if not 0 <= args.port < 65536:
         ap.error(f"--port must be in [0, 65535], got {args.port}")
     if args.queue < 0:
@@ -396,17 +498,26 @@ def main(argv) -> int:
             raise ValueError
     except ValueError:
         ap.error(f"--parallel must be 'auto' or an int in [1, 64], got {args.parallel!r}")
-    if not is_loopback(args.host) and not args.api_key:
-        print(f"specgguf: warning: serving on {args.host} without an API key: anyone who can reach this port "
-              "can use it (set --api-key or $SPECGGUF_API_KEY)", file=sys.stderr)
+    for host in hosts:
+        if not is_loopback(host) and not args.api_key:
+            print(f"specgguf: warning: serving on {host} without an API key: anyone who can reach this port "
+                  "can use it (set --api-key or $SPECGGUF_API_KEY)", file=sys.stderr)
+    try:
+        socks = listen(hosts, args.port)  # before loading: a busy port is said at once
+    except OSError as e:
+        print(f"specgguf: error: {e}", file=sys.stderr)
+        return 1
     if parallel is None:
         parallel = auto_slots(args)
     llm = load_pair(args, config=config_from_args(args), parallel=parallel)
     server = Server(llm, args.api_key, args.queue, args.model_id, args.verbose)
     import uvicorn
-    print(f"specgguf: serving {server.model_id} on http://{args.host}:{args.port}/v1 with {server.slots} "
+    origins = [o.strip() for o in args.cors_origins.split(",") if o.strip()]
+    where = ", ".join(_url(h, socks[0].getsockname()[1] if args.port == 0 else args.port) + "/v1" for h in hosts)
+    print(f"specgguf: serving {server.model_id} on {where} with {server.slots} "
           f"slot{'s' if server.slots > 1 else ''} of {llm.n_ctx} tokens (--parallel, --ctx)", file=sys.stderr,
           flush=True)
-    uvicorn.run(create_app(server), host=args.host, port=args.port, access_log=False,
-                log_level="info" if args.verbose else "warning", timeout_graceful_shutdown=5)
+    config = uvicorn.Config(create_app(server, origins), access_log=False, timeout_graceful_shutdown=5,
+                            log_level="info" if args.verbose else "warning")
+    uvicorn.Server(config).run(sockets=socks)
     return 0

@@ -1,0 +1,338 @@
+"""Every setting plain decoding takes, exactly: logit_bias, penalties, grammar
+(JSON schema), logprobs.
+
+Laws at fixed seeds: speculative sampling with the rules follows the law of
+plain sampling with the same rules, computed here independently (llama.cpp's
+penalty loop transcribed; the grammar's language as a regular expression).
+Greedy: the real pair's text equals llama-cpp-python's ``Llama`` with the same
+settings, token for token.
+"""
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+import specgguf
+from specgguf.config import GenerationConfig, response_format_grammar
+from specgguf.ops.drafter import Draft
+from specgguf.ops.logits import Grammar, LogitRules, Penalties
+from specgguf.ops.sampling import Sampler
+from tests.conftest import ALPHA, chi2_pvalue, msgs
+
+llama_cpp = pytest.importorskip("llama_cpp")
+
+
+# ---- a synthetic pair over a small vocabulary: penalties and bias -----------------
+
+V = 6
+TARGET = np.random.default_rng(3).normal(0, 1.2, (V, V)).astype(np.float32)
+DRAFT = (TARGET + np.random.default_rng(4).normal(0, 1.0, (V, V))).astype(np.float32)
+BIAS = {2: 1.0, 5: -2.0}
+PEN = Penalties(repeat=1.5, frequency=0.4, presence=0.3, last_n=3)
+
+
+def reference_row(logits, generated):
+    """llama-cpp-python's chain before the warp, transcribed: bias, then
+    llama.cpp's penalty loop over the last ``last_n`` generated tokens."""
+    row = logits.astype(np.float32).copy()
+    for t, b in BIAS.items():
+        row[t] += np.float32(b)
+    window = list(generated[-PEN.last_n:])
+    for t in set(window):
+        c = window.count(t)
+        row[t] = row[t] * np.float32(PEN.repeat) if row[t] <= 0 else row[t] / np.float32(PEN.repeat)
+        row[t] -= np.float32(c * PEN.frequency + PEN.presence)
+    return row
+
+
+class MatrixDrafter:
+    """A draft model over the synthetic vocabulary that picks through the sampler (rules and all)."""
+
+    def __init__(self, sampler, table):
+        self.sampler, self.table = sampler, table
+
+    def lag(self, context):
+        return 0
+
+    def propose(self, context, k, p_min=None):
+        seq, toks, probs = list(context), [], []
+        for _ in range(k):
+            tok, _, q = self.sampler.pick(self.table[seq[-1]], seq)
+            toks.append(tok)
+            probs.append(q)
+            seq.append(tok)
+        return Draft(toks, np.stack(probs) if probs and probs[0] is not None else None)
+
+
+def synthetic_decoder(rule, k, seed, table=TARGET):
+    rules = LogitRules(BIAS, PEN)
+    sampler = Sampler(rule, (1.0, 0, 1.0, 0.0), generator=seed, draft_generator=seed + 1, seed=seed,
+                      origin=1, rules=rules)
+
+    def target_step(prefix, proposed):
+        ctx = prefix + proposed
+        return sampler.target_rows(table[ctx[len(prefix) - 1:]], ctx)
+    return specgguf.SpeculativeDecoder(MatrixDrafter(sampler, DRAFT), target_step, k=k, sampler=sampler)
+
+
+def test_penalties_and_bias_law():
+    """Exact p/q with bias and penalties (the window of 3 makes them depend
+    on the draft tokens before each row): 3-token sequences follow plain
+    sampling's law with the same rules, and not the law without them."""
+    n_runs, length = 6000, 3
+    dec = synthetic_decoder("exact", 2, 11)
+    counts = np.zeros(V ** length)
+    for _ in range(n_runs):
+        out = dec.generate([0], max_new=length)
+        counts[int(np.ravel_multi_index(out, (V,) * length))] += 1
+
+    def law(transform):
+        p = np.zeros(V ** length)
+        for code in range(V ** length):
+            seq = list(np.unravel_index(code, (V,) * length))
+            prob, ctx = 1.0, [0]
+            for t in seq:
+                row = transform(TARGET[ctx[-1]], ctx[1:]).astype(np.float64)
+                e = np.exp(row - row.max())
+                prob *= e[t] / e.sum()
+                ctx.append(int(t))
+            p[code] = prob
+        return p
+    assert chi2_pvalue(counts, law(reference_row)) > ALPHA
+    assert chi2_pvalue(counts, law(lambda row, gen: row)) < ALPHA  # power: the rules matter
+
+
+def test_invariant_seeds_with_rules_equal_plain():
+    """Drafter-invariant verification with bias and penalties: every seed's
+    text equals plain (k=0) seeded sampling's with the same rules."""
+    for seed in range(40):
+        spec = synthetic_decoder("invariant", 3, seed).generate([0], max_new=8)
+        plain = synthetic_decoder("invariant", 0, seed).generate([0], max_new=8)
+        assert spec == plain, seed
+
+
+# ---- a small grammar over the real vocabulary --------------------------------------
+
+LANGUAGE = re.compile(r"a(ba)*b?")  # the prefixes of the grammar's sentences a(ba)*
+GBNF = 'root ::= "a" ("b" "a")*'
+
+
+@pytest.fixture(scope="module")
+def vocab_llm():
+    from specgguf.llama import models
+    return llama_cpp.Llama(str(models.fetch("smollm2-135m-f32")), vocab_only=True, verbose=False)
+
+
+def _piece(llm, t):
+    return llm.detokenize([t], special=False).decode("utf-8", "replace")
+
+
+def test_grammar_mask_equals_the_full_mask(vocab_llm):
+    """The chunked check (best candidates first) gives the same argmax and
+    the same top-k set as masking every token, at many states."""
+    from specgguf.config import schema_grammar
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "legs": {"type": "integer"}},
+              "required": ["name", "legs"]}
+    vocab, n = vocab_llm._model.vocab, vocab_llm.n_vocab()
+    g = Grammar(vocab, n, schema_grammar(schema))
+    text = vocab_llm.tokenize(b'{"name":"Felix","legs":4}', add_bos=False)
+    rng = np.random.default_rng(0)
+    for m in range(len(text)):
+        h = g.state(text[:m])
+        base = rng.standard_normal(n).astype(np.float32) * 4
+        full = base.copy()
+        allowed = g._check(h, np.arange(n), full)
+        full[~allowed] = -np.inf
+        for need in (1, 5, 40):
+            row = base.copy()
+            g.mask(row, h, need)
+            want = np.lexsort((np.arange(n), -full))[:min(need, allowed.sum())]
+            got = np.lexsort((np.arange(n), -row))[:len(want)]
+            assert list(got) == list(want), (m, need)
+        assert text[m] in np.flatnonzero(allowed)  # the text is in the language
+    g.close()
+
+
+def grammar_setup(vocab_llm, rule, seed):
+    """Synthetic logits over the real vocabulary: 8 candidate tokens carry
+    the mass, their logits depending on the last token; the rest form a
+    strictly decreasing tail far below."""
+    n = vocab_llm.n_vocab()
+    cands = [vocab_llm.tokenize(s.encode(), add_bos=False) for s in ("a", "b", "ab", "ba", "c", "1", "aa", "bb")]
+    cands = [c[0] for c in cands if len(c) == 1]
+    tail = (-30.0 - np.arange(n) * 1e-4).astype(np.float32)
+    rng = np.random.default_rng(7)
+    t_tab = {c: rng.normal(0, 1.0, len(cands)).astype(np.float32) for c in cands + [0]}
+    d_tab = {c: (t_tab[c] + rng.normal(0, 0.8, len(cands))).astype(np.float32) for c in t_tab}
+
+    def logits(table, last):
+        row = tail.copy()
+        row[cands] = table.get(last, table[0])
+        return row
+    sampler = Sampler(rule, (1.0, 3, 1.0, 0.0), generator=seed, draft_generator=seed + 1, seed=seed, origin=1,
+                      rules=LogitRules(grammar=Grammar(vocab_llm._model.vocab, n, GBNF)))
+
+    class Drafter(MatrixDrafter):
+        def propose(self, context, k, p_min=None):
+            seq, toks, probs = list(context), [], []
+            for _ in range(k):
+                tok, _, q = sampler.pick(logits(d_tab, seq[-1]), seq)
+                toks.append(tok)
+                probs.append(q)
+                seq.append(tok)
+            return Draft(toks, np.stack(probs) if probs and probs[0] is not None else None)
+
+    def target_step(prefix, proposed):
+        ctx = prefix + proposed
+        rows = np.stack([logits(t_tab, t) for t in ctx[len(prefix) - 1:]])
+        return sampler.target_rows(rows, ctx)
+    return cands, t_tab, logits, specgguf.SpeculativeDecoder(Drafter(sampler, None), target_step, k=2,
+                                                                sampler=sampler)
+
+
+def test_grammar_law(vocab_llm):
+    """Exact p/q under a grammar: 2-token outputs follow the law of plain
+    sampling from the top 3 tokens the language allows (the language checked
+    by a regular expression, not by llama.cpp)."""
+    cands, t_tab, logits, dec = grammar_setup(vocab_llm, "exact", 5)
+    text = {c: _piece(vocab_llm, c) for c in cands}
+    n_runs = 3000
+    outs = [tuple(dec.generate([0], max_new=2)) for _ in range(n_runs)]
+    assert all(o[0] in cands and o[1] in cands for o in outs)
+    pairs = [(a, b) for a in cands for b in cands]
+    counts = np.array([sum(o == p for o in outs) for p in pairs], dtype=float)
+
+    def step(done, last):
+        row = logits(t_tab, last)[cands].astype(np.float64)
+        ok = np.array([bool(LANGUAGE.fullmatch(done + text[c])) for c in cands])
+        row[~ok] = -np.inf
+        keep = np.argsort(-row, kind="stable")[:3]
+        p = np.zeros(len(cands))
+        e = np.exp(row[keep] - row[keep].max())
+        p[keep] = e / e.sum()
+        return p
+    law = []
+    for a, b in pairs:
+        pa = step("", 0)[cands.index(a)]
+        law.append(pa * step(text[a], a)[cands.index(b)] if pa > 0 else 0.0)
+    assert chi2_pvalue(counts, np.array(law)) > ALPHA
+
+
+def test_grammar_invariant_seeds_equal_plain(vocab_llm):
+    for seed in range(15):
+        spec = grammar_setup(vocab_llm, "invariant", seed)[3].generate([0], max_new=4)
+        plain_dec = grammar_setup(vocab_llm, "invariant", seed)[3]
+        plain_dec.k = 0
+        assert spec == plain_dec.generate([0], max_new=4), seed
+
+
+# ---- the real pair against llama-cpp-python's Llama -------------------------------
+
+@pytest.fixture(scope="module")
+def spec(target, draft):
+    return specgguf.SpeculativeLlama(target, draft)
+
+
+PROMPT = "List the days of the week, then the months of the year:"
+
+
+@pytest.mark.parametrize("settings", [
+    dict(repeat_penalty=1.3),
+    dict(presence_penalty=0.8, frequency_penalty=0.6),
+    dict(logit_bias={"first": -100.0, 13: 3.0}),
+    dict(repeat_penalty=1.2, frequency_penalty=0.3, logit_bias={11: 2.0}),
+])
+def test_greedy_with_penalties_and_bias_equals_llama(spec, target, settings):
+    target.reset()
+    plain = target.create_completion(PROMPT, max_tokens=48, temperature=0)["choices"][0]["text"]
+    bias = settings.get("logit_bias", {})
+    if "first" in bias:  # forbid plain greedy's first token
+        bias[target.tokenize(plain.encode(), add_bos=False)[0]] = bias.pop("first")
+    target.reset()
+    want = target.create_completion(PROMPT, max_tokens=48, temperature=0, **settings)["choices"][0]["text"]
+    assert want != plain  # the setting changes the text: the comparison can fail
+    for k in (0, 4, "auto"):
+        got = spec.create_completion(PROMPT, max_tokens=48, temperature=0, k=k, **settings)
+        assert got["choices"][0]["text"] == want, k
+
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                           "city": {"type": "string"}}, "required": ["name", "age", "city"]}
+JSON_PROMPTS = ["Describe a person called Ann who is 31 and lives in Paris, as JSON.",
+                "Give me a JSON record for Bob, 45, from Oslo.",
+                "Invent a character and give their name, age and city as JSON."]
+
+
+@pytest.mark.parametrize("prompt", JSON_PROMPTS)
+def test_json_schema_greedy_equals_llama_and_validates(spec, target, prompt):
+    fmt = {"type": "json_object", "schema": SCHEMA}
+    target.reset()
+    want = target.create_chat_completion(msgs(prompt), temperature=0, max_tokens=80,
+                                         response_format=fmt)["choices"][0]["message"]["content"]
+    for k in (4, "auto"):
+        got = spec.create_chat_completion(msgs(prompt), temperature=0, max_tokens=80, response_format=fmt, k=k)
+        assert got["choices"][0]["message"]["content"] == want, k
+    value = json.loads(want)
+    assert set(value) == {"name", "age", "city"}
+    assert isinstance(value["age"], int) and isinstance(value["name"], str) and isinstance(value["city"], str)
+
+
+def test_json_object_mode_and_grammar_sampling_are_valid(spec):
+    """Sampled JSON (any JSON value, json_object mode) parses, each seed's
+    text equals plain seeded sampling's with the same grammar."""
+    fmt = {"type": "json_object"}
+    for seed in range(3):
+        run = lambda k: spec.create_chat_completion(  # noqa: E731
+            msgs("Give a JSON list of three fruits."), temperature=0.8, seed=seed, max_tokens=40, k=k,
+            response_format=fmt)["choices"][0]
+        got, plain = run(4), run(0)
+        assert got["message"]["content"] == plain["message"]["content"]
+        if got["finish_reason"] == "stop":
+            json.loads(got["message"]["content"])
+
+
+def test_logprobs_are_the_targets(spec):
+    """Completion logprobs under speculation equal plain decoding's (to llama.cpp's batch rounding) and
+    llama-cpp-python's own (which needs a model loaded with logits_all)."""
+    from specgguf.llama import models
+    target = llama_cpp.Llama(str(models.fetch("smollm2-135m-f32")), n_ctx=512, n_threads=2, logits_all=True,
+                             verbose=False)
+    want = target.create_completion(PROMPT, max_tokens=12, temperature=0, logprobs=3)["choices"][0]["logprobs"]
+    for k in (0, 4):
+        got = spec.create_completion(PROMPT, max_tokens=12, temperature=0, logprobs=3, k=k)["choices"][0]["logprobs"]
+        assert got["tokens"] == want["tokens"]
+        np.testing.assert_allclose(got["token_logprobs"], want["token_logprobs"], atol=2e-2)
+        for g, w in zip(got["top_logprobs"], want["top_logprobs"]):
+            assert list(g)[:1] == list(w)[:1]
+    chat = spec.create_chat_completion(msgs("Say hi."), max_tokens=6, temperature=0, logprobs=True, top_logprobs=2)
+    content = chat["choices"][0]["logprobs"]["content"]
+    assert "".join(c["token"] for c in content) == chat["choices"][0]["message"]["content"]
+    assert all(len(c["top_logprobs"]) == 2 and c["logprob"] <= 0 for c in content)
+    chunks = list(spec.create_chat_completion(msgs("Say hi."), max_tokens=6, temperature=0, logprobs=True,
+                                              top_logprobs=2, stream=True))
+    streamed = [c for ch in chunks if ch["choices"][0]["logprobs"] for c in ch["choices"][0]["logprobs"]["content"]]
+    assert [c["token"] for c in streamed] == [c["token"] for c in content]
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(grammar="root ::= undefined-rule"), "grammar"),
+    (dict(response_format={"type": "xml"}), "response_format"),
+    (dict(logit_bias={"x": 1.0}), "logit_bias"),
+    (dict(logprobs=True, top_logprobs=21), "logprobs"),
+    (dict(frequency_penalty=3.0), "frequency_penalty"),
+    (dict(tools=[{"type": "function", "function": {"name": "f"}}] * 50), "tools"),
+    (dict(tool_choice="required"), "tool_choice"),
+])
+def test_bad_settings_are_named_and_the_pair_stays_usable(spec, bad, match):
+    with pytest.raises((TypeError, ValueError), match=match) as e:
+        spec.create_chat_completion(msgs("hi"), max_tokens=4, **bad)
+    assert len(str(e.value)) < 300  # the tools list is not repeated
+    assert spec.create_chat_completion(msgs("hi"), max_tokens=4, temperature=0)["choices"][0]["message"]["content"]
+
+
+def test_config_regime_separates_rule_settings():
+    assert GenerationConfig().regime == "greedy"
+    assert GenerationConfig(grammar=response_format_grammar({"type": "json_object"})).regime.startswith("greedy-r")
+    assert GenerationConfig(repeat_penalty=1.1).regime != GenerationConfig(repeat_penalty=1.2).regime
