@@ -412,7 +412,7 @@ def test_a_catch_up_reads_back_the_drafts_agreement_on_the_tokens_it_skipped(tar
     d.reset()
     d.eval(seq[:len(ids) + 5], 1)
     rows = d.eval(seq, 33)
-    assert draft.tokens[0] == sampler.pick(rows[-1], len(seq))[0]  # the last row proposes
+    assert draft.tokens[0] == sampler.pick(rows[-1], seq)[0]  # the last row proposes
     rows = rows[:-1]
     if rule == "greedy":
         picks = np.argmax(rows, axis=1)

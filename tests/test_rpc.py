@@ -160,3 +160,36 @@ def test_the_worker_command_binds_loopback_unless_told():
     finally:
         p.kill()
         p.wait()
+
+
+def test_the_server_says_a_worker_died(tmp_path, session_state):
+    """A request after the worker died gets 503 naming it, and /health turns 503 too."""
+    import httpx
+    w = Worker(tmp_path)
+    port = free_port()
+    log = open(tmp_path / "serve.log", "w+")
+    proc = subprocess.Popen([sys.executable, "-m", "specgguf", "serve", "--port", str(port), "--threads", "2",
+                             "--ctx", "512", "--rpc", w.endpoint, "-k", "0"], stdout=log, stderr=log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.time() < deadline and proc.poll() is None, (tmp_path / "serve.log").read_text()
+            time.sleep(0.3)
+        body = {"messages": msgs("Hi"), "max_tokens": 4}
+        assert httpx.post(url + "/v1/chat/completions", json=body, timeout=60).status_code == 200
+        w.kill()
+        r = httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
+        assert r.status_code == 503 and w.endpoint in r.json()["error"]["message"], r.text
+        h = httpx.get(url + "/health", timeout=10)
+        assert h.status_code == 503 and w.endpoint in h.json()["error"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        if w.proc.poll() is None:
+            w.kill()

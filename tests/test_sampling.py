@@ -161,7 +161,7 @@ def test_catchup_agreement_is_the_verifiers_verdict_greedy_and_invariant():
         context = list(range(origin)) + emitted
         verdicts = 0
         for j in range(n):  # one-token drafts at each position, as a round would verify them
-            tok, _, _ = sampler.pick(draft[j], origin + j)
+            tok, _, _ = sampler.pick(draft[j], context[:origin + j])
             rows = np.stack([p[j], p[j]])
             kept = verify_greedy(rows, [tok]) if rule == "greedy" else accept_invariant(rows, [tok], 123, j)
             verdicts += kept[0]

@@ -163,13 +163,20 @@ BAD_REQUESTS = [
     ({**GOOD, "seed": -4}, "seed"),
     ({**GOOD, "stop": 7}, "stop"),
     ({**GOOD, "stream": "yes"}, "stream"),
-    ({**GOOD, "n": 2}, "n"),
-    ({**GOOD, "logprobs": True}, "logprobs"),
-    ({**GOOD, "presence_penalty": 0.5}, "presence_penalty"),
-    ({**GOOD, "frequency_penalty": 1}, "frequency_penalty"),
-    ({**GOOD, "logit_bias": {"1": 5}}, "logit_bias"),
+    ({**GOOD, "n": 0}, "n"),
+    ({**GOOD, "n": 99}, "n"),
+    ({**GOOD, "logprobs": "yes"}, "logprobs"),
+    ({**GOOD, "top_logprobs": 3}, "top_logprobs"),
+    ({**GOOD, "logprobs": True, "top_logprobs": 30}, "top_logprobs"),
+    ({**GOOD, "presence_penalty": 5}, "presence_penalty"),
+    ({**GOOD, "logit_bias": {"x": 5}}, "logit_bias"),
+    ({**GOOD, "logit_bias": {"1": 500}}, "logit_bias"),
     ({**GOOD, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    ({**GOOD, "response_format": {"type": "json_object"}}, "response_format"),
+    ({**GOOD, "tool_choice": "required"}, "tool_choice"),
+    ({**GOOD, "response_format": {"type": "xml"}}, "response_format"),
+    ({**GOOD, "response_format": {"type": "json_schema"}}, "response_format"),
+    ({**GOOD, "grammar": "root ::= nowhere"}, "grammar"),
+    ({**GOOD, "grammar": 'root ::= "a"', "response_format": {"type": "json_object"}}, "response_format"),
     ({**GOOD, "frobnicate": 1}, "frobnicate"),
     ({"messages": chat("word " * 600)}, "messages"),  # longer than the 512-token context
 ]
@@ -182,6 +189,98 @@ def test_bad_requests_get_a_400_naming_the_field(served, body, param):
     err = r.json()["error"]
     assert set(err) == {"message", "type", "param", "code"} and err["message"]
     assert err["param"] == param
+    assert len(err["message"]) < 400  # a long field (a tools list) is named, not repeated
+
+
+def test_structured_output_through_the_openai_client(client):
+    """``parse()`` with a pydantic model (a strict json_schema) and JSON mode:
+    the text parses and validates; greedy, it is what the pair gives in
+    process with the same schema."""
+    pydantic = pytest.importorskip("pydantic")
+
+    class City(pydantic.BaseModel):
+        name: str
+        country: str
+        population: int
+
+    msgs = chat("Give the name, country and population of the capital of France.")
+    r = client.beta.chat.completions.parse(model="x", messages=msgs, response_format=City, max_tokens=60,
+                                           temperature=0)
+    city = r.choices[0].message.parsed
+    assert isinstance(city, City) and city.name
+    import specgguf
+    from specgguf.config import response_format_grammar
+    schema = City.model_json_schema()
+    local = specgguf.SpeculativeLlama("smollm2-135m-f32", "smollm2-135m-q4_1", n_ctx=512, n_threads=2)
+    want = local.generate(msgs, chat=True, max_tokens=60, temperature=0, grammar=response_format_grammar(
+        {"type": "json_schema", "json_schema": {"name": "City", "schema": schema}}))
+    assert r.choices[0].message.content == want.text
+    j = client.chat.completions.create(model="x", messages=chat("Reply with a JSON object with a key 'ok'."),
+                                       max_tokens=30, temperature=0, response_format={"type": "json_object"})
+    if j.choices[0].finish_reason == "stop":
+        json.loads(j.choices[0].message.content)
+
+
+def test_logprobs_n_bias_and_penalties(client):
+    lp = client.chat.completions.create(model="x", messages=chat("Say hello."), max_tokens=8, temperature=0,
+                                        logprobs=True, top_logprobs=3)
+    content = lp.choices[0].logprobs.content
+    assert "".join(c.token for c in content) == lp.choices[0].message.content
+    assert all(len(c.top_logprobs) == 3 and c.logprob <= 0 for c in content)
+    stream = client.chat.completions.create(model="x", messages=chat("Say hello."), max_tokens=8, temperature=0,
+                                            logprobs=True, top_logprobs=3, stream=True)
+    streamed = [c.token for ch in stream if ch.choices and ch.choices[0].logprobs
+                for c in ch.choices[0].logprobs.content]
+    assert streamed == [c.token for c in content]
+    two = client.chat.completions.create(model="x", messages=chat("Name a colour."), max_tokens=8, temperature=1.0,
+                                         seed=3, n=2)
+    assert [c.index for c in two.choices] == [0, 1]
+    for seed, choice in zip((3, 4), two.choices):  # choice j samples with seed + j
+        one = client.chat.completions.create(model="x", messages=chat("Name a colour."), max_tokens=8,
+                                             temperature=1.0, seed=seed)
+        assert one.choices[0].message.content == choice.message.content
+    plain = client.completions.create(model="x", prompt="Count to ten:", max_tokens=12, temperature=0)
+    from specgguf.llama import models
+    import llama_cpp
+    vocab = llama_cpp.Llama(str(models.fetch("smollm2-135m-f32")), vocab_only=True, verbose=False)
+    first = vocab.tokenize(plain.choices[0].text.encode(), add_bos=False)[0]
+    biased = client.completions.create(model="x", prompt="Count to ten:", max_tokens=12, temperature=0,
+                                       logit_bias={str(first): -100})
+    assert vocab.tokenize(biased.choices[0].text.encode(), add_bos=False)[0] != first
+    penalised = client.completions.create(model="x", prompt="Count to ten:", max_tokens=12, temperature=0,
+                                          frequency_penalty=1.5, presence_penalty=1.0)
+    assert penalised.choices[0].text != plain.choices[0].text
+
+
+def test_list_prompts_each_get_what_they_get_alone(client):
+    prompts = ["The capital of France is", "One, two, three,"]
+    many = client.completions.create(model="x", prompt=prompts, max_tokens=8, temperature=0)
+    assert [c.index for c in many.choices] == [0, 1]
+    for c, p in zip(many.choices, prompts):
+        assert c.text == client.completions.create(model="x", prompt=p, max_tokens=8, temperature=0).choices[0].text
+    stream = client.completions.create(model="x", prompt=prompts, max_tokens=8, temperature=0, stream=True)
+    texts = ["", ""]
+    for ch in stream:
+        for c in ch.choices:
+            texts[c.index] += c.text
+    assert texts == [c.text for c in many.choices]
+
+
+def test_the_api_details_clients_read(served, client):
+    bare = openai.OpenAI(base_url=served.url, api_key=KEY, max_retries=0, timeout=120)  # no /v1, as llama-server
+    r = bare.chat.completions.create(model="x", messages=chat("Hi"), max_tokens=4, temperature=0, tool_choice="none")
+    assert r.system_fingerprint and r.choices[0].message.content
+    assert r.usage.prompt_tokens_details.cached_tokens >= 0
+    assert client.models.retrieve("smollm2-135m-f32").id == "smollm2-135m-f32"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4")
+    raw = served.post("/v1/chat/completions", {**GOOD, "stream": True})
+    first = json.loads(raw.text.split("\n\n")[0][len("data: "):])
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": None}
+    # No CORS unless asked: a preflight from a web page gets no allow-origin.
+    pre = httpx.options(served.url + "/v1/chat/completions", headers={
+        "Origin": "http://evil.example", "Access-Control-Request-Method": "POST"})
+    assert "access-control-allow-origin" not in pre.headers
 
 
 def test_bad_completion_requests_and_the_server_lives_on(served, client):
@@ -314,3 +413,41 @@ def test_the_example_client_runs_as_written(served):
                        env=dict(os.environ, SPECGGUF_URL=served.url + "/v1", SPECGGUF_API_KEY=KEY))
     assert r.returncode == 0, r.stderr
     assert "drafted" in r.stdout and len(r.stdout.splitlines()) >= 3
+
+
+def test_cors_when_asked_and_several_hosts(session_state):
+    """--cors-origins lets that origin's preflight through without the key
+    (the browser sends none), while the request itself still needs it;
+    --host takes several addresses."""
+    s = Served("--cors-origins", "http://app.example", "--host", "127.0.0.1,::1")
+    try:
+        pre = httpx.options(s.url + "/v1/chat/completions", headers={
+            "Origin": "http://app.example", "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization,content-type"})
+        assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == "http://app.example"
+        other = httpx.options(s.url + "/v1/chat/completions", headers={
+            "Origin": "http://evil.example", "Access-Control-Request-Method": "POST"})
+        assert other.headers.get("access-control-allow-origin") != "http://evil.example"
+        r = httpx.post(s.url + "/v1/chat/completions", json=GOOD, headers={"Origin": "http://app.example"})
+        assert r.status_code == 401 and r.headers["access-control-allow-origin"] == "http://app.example"
+        v6 = httpx.get(f"http://[::1]:{s.port}/health")
+        assert v6.status_code == 200
+        assert f"http://127.0.0.1:{s.port}/v1, http://[::1]:{s.port}/v1" in s.text()
+    finally:
+        s.stop()
+
+
+@pytest.mark.parametrize("host, why", [("127.0.0.1", "in use"), ("no-such-host.invalid", "does not resolve"),
+                                       ("10.255.255.1", "")])
+def test_a_busy_port_or_bad_host_is_one_line_before_serving(host, why):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        t0 = time.time()
+        r = subprocess.run([sys.executable, "-m", "specgguf", "serve", "--host", host, "--port", str(port)],
+                           capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and time.time() - t0 < 30  # before any model loads
+    lines = [x for x in r.stderr.splitlines() if not x.startswith("specgguf: warning")]
+    assert len(lines) == 1 and lines[0].startswith("specgguf: error: cannot listen on") and why in lines[0], r.stderr
+    assert "serving" not in r.stderr

@@ -498,15 +498,15 @@ def main(argv) -> int:
             raise ValueError
     except ValueError:
         ap.error(f"--parallel must be 'auto' or an int in [1, 64], got {args.parallel!r}")
-    for host in hosts:
-        if not is_loopback(host) and not args.api_key:
-            print(f"specgguf: warning: serving on {host} without an API key: anyone who can reach this port "
-                  "can use it (set --api-key or $SPECGGUF_API_KEY)", file=sys.stderr)
     try:
         socks = listen(hosts, args.port)  # before loading: a busy port is said at once
     except OSError as e:
         print(f"specgguf: error: {e}", file=sys.stderr)
         return 1
+    for host in hosts:
+        if not is_loopback(host) and not args.api_key:
+            print(f"specgguf: warning: serving on {host} without an API key: anyone who can reach this port "
+                  "can use it (set --api-key or $SPECGGUF_API_KEY)", file=sys.stderr)
     if parallel is None:
         parallel = auto_slots(args)
     llm = load_pair(args, config=config_from_args(args), parallel=parallel)
