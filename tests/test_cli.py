@@ -73,6 +73,26 @@ def test_ngram_draft_and_stop_strings():
     assert r.returncode == 0 and "6" not in r.stdout
 
 
+def test_grammar_schema_penalties_and_bias_flags(tmp_path):
+    schema = '{"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}'
+    r = cli("--chat", "-p", "Is water wet? Answer as JSON.", "-n", "20", "--json-schema", schema, "--threads", "2")
+    assert r.returncode == 0, r.stderr
+    assert isinstance(json.loads(r.stdout)["ok"], bool)
+    g = tmp_path / "yes.gbnf"
+    g.write_text('root ::= ("yes" | "no") "."\n')
+    r = cli("--chat", "-p", "Is the sky blue?", "-n", "8", "--grammar-file", str(g), "--threads", "2")
+    assert r.returncode == 0 and r.stdout.strip() in ("yes.", "no."), (r.stdout, r.stderr)
+    r = cli("-p", "1, 2, 3,", "-n", "12", "--repeat-penalty", "1.3", "--frequency-penalty", "0.5",
+            "--logit-bias", "11-inf", "--threads", "2", "--json")
+    assert r.returncode == 0 and 11 not in json.loads(r.stdout)["tokens"], r.stderr
+    for args, msg in ((["--json-schema", "{not json"], "--json-schema: not JSON"),
+                      (["--grammar-file", str(tmp_path / "missing.gbnf")], "missing.gbnf"),
+                      (["--logit-bias", "12x"], "--logit-bias '12x'"),
+                      (["--grammar-file", str(g), "--json-schema", "{}"], "not allowed with argument")):
+        r = cli("-p", "hi", "-n", "2", *args)
+        assert r.returncode in (1, 2) and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+
+
 def test_non_utf8_prompt_file_is_decoded_with_a_warning(tmp_path):
     f = tmp_path / "prompt.txt"
     f.write_bytes(b"Caf\xe9 menu:\n")

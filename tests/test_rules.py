@@ -155,7 +155,7 @@ def test_grammar_mask_equals_the_full_mask(vocab_llm):
     g.close()
 
 
-def grammar_setup(vocab_llm, rule, seed):
+def grammar_setup(vocab_llm, rule, seed, top_k=3):
     """Synthetic logits over the real vocabulary: 8 candidate tokens carry
     the mass, their logits depending on the last token; the rest form a
     strictly decreasing tail far below."""
@@ -171,7 +171,7 @@ def grammar_setup(vocab_llm, rule, seed):
         row = tail.copy()
         row[cands] = table.get(last, table[0])
         return row
-    sampler = Sampler(rule, (1.0, 3, 1.0, 0.0), generator=seed, draft_generator=seed + 1, seed=seed, origin=1,
+    sampler = Sampler(rule, (1.0, top_k, 1.0, 0.0), generator=seed, draft_generator=seed + 1, seed=seed, origin=1,
                       rules=LogitRules(grammar=Grammar(vocab_llm._model.vocab, n, GBNF)))
 
     class Drafter(MatrixDrafter):
@@ -192,14 +192,20 @@ def grammar_setup(vocab_llm, rule, seed):
                                                                 sampler=sampler)
 
 
-def test_grammar_law(vocab_llm):
-    """Exact p/q under a grammar: 2-token outputs follow the law of plain
-    sampling from the top 3 tokens the language allows (the language checked
-    by a regular expression, not by llama.cpp)."""
-    cands, t_tab, logits, dec = grammar_setup(vocab_llm, "exact", 5)
+@pytest.mark.parametrize("rule, top_k", [("exact", 3), ("invariant", 0)])
+def test_grammar_law(vocab_llm, rule, top_k):
+    """Under a grammar, 2-token outputs follow the law of plain sampling from
+    the tokens the language allows (checked by a regular expression, not by
+    llama.cpp): exact p/q over the top 3; and the race over every token (no
+    top-k), which checks race winners instead of masking whole rows."""
+    cands, t_tab, logits, dec = grammar_setup(vocab_llm, rule, 5, top_k)
     text = {c: _piece(vocab_llm, c) for c in cands}
     n_runs = 3000
-    outs = [tuple(dec.generate([0], max_new=2)) for _ in range(n_runs)]
+    outs = []
+    for run in range(n_runs):
+        if rule == "invariant":
+            dec.sampler.seed = 1000 + run  # a fresh race each run
+        outs.append(tuple(dec.generate([0], max_new=2)))
     assert all(o[0] in cands and o[1] in cands for o in outs)
     pairs = [(a, b) for a in cands for b in cands]
     counts = np.array([sum(o == p for o in outs) for p in pairs], dtype=float)
@@ -208,7 +214,7 @@ def test_grammar_law(vocab_llm):
         row = logits(t_tab, last)[cands].astype(np.float64)
         ok = np.array([bool(LANGUAGE.fullmatch(done + text[c])) for c in cands])
         row[~ok] = -np.inf
-        keep = np.argsort(-row, kind="stable")[:3]
+        keep = np.argsort(-row, kind="stable")[:top_k or len(cands)]
         p = np.zeros(len(cands))
         e = np.exp(row[keep] - row[keep].max())
         p[keep] = e / e.sum()
@@ -218,6 +224,8 @@ def test_grammar_law(vocab_llm):
         pa = step("", 0)[cands.index(a)]
         law.append(pa * step(text[a], a)[cands.index(b)] if pa > 0 else 0.0)
     assert chi2_pvalue(counts, np.array(law)) > ALPHA
+    if rule == "invariant":  # and it did not mask whole rows
+        assert dec.sampler.race_grammar
 
 
 def test_grammar_invariant_seeds_equal_plain(vocab_llm):

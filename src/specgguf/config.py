@@ -105,7 +105,10 @@ class GenerationConfig:
         drafter_invariant: verify by the shared-noise race (see
             :func:`specgguf.accept_invariant`): the text is exactly plain
             seeded sampling's, whatever the draft, K or timings. None (the
-            default) turns it on for seeded sampling runs.
+            default) turns it on for seeded sampling runs, and for unseeded
+            ones under a grammar without top-k (fresh entropy: exact all the
+            same, and it checks a few race winners against the grammar where
+            p/q would mask every row).
         logit_bias: ``{token id: added logit}`` (a dict; held as sorted pairs).
         repeat_penalty, frequency_penalty, presence_penalty, penalty_last_n:
             llama.cpp's penalties over the last ``penalty_last_n`` generated
@@ -197,7 +200,10 @@ class GenerationConfig:
         shared-noise race) or ``"exact"`` (the min(1, p/q) rule)."""
         if self.greedy:
             return "greedy"
-        invariant = self.seed is not None if self.drafter_invariant is None else self.drafter_invariant
+        # Unseeded, the race with fresh entropy is as exact as p/q; under a grammar
+        # without top-k it checks a few race winners instead of masking every row.
+        race_default = self.seed is not None or (self.grammar is not None and self.top_k == 0)
+        invariant = race_default if self.drafter_invariant is None else self.drafter_invariant
         return "invariant" if invariant else "exact"
 
     @property

@@ -216,7 +216,11 @@ class Engine:
         t2 = time.perf_counter()
         with self.cond:
             for t, d, rows in zip(active, drafts, logits):
-                n, nxt = t.sampler.verify(t.sampler.target_rows(rows, t.ids + d.tokens), d, t.stats.emitted)
+                try:  # a request's own rules (a grammar with no way on) fail that request only
+                    n, nxt = t.sampler.verify(t.sampler.target_rows(rows, t.ids + d.tokens), d, t.stats.emitted)
+                except ValueError as e:
+                    self._free(t, e)
+                    continue
                 t.stats.record(len(d.tokens), n, d.stop if d.tokens else None)
                 self.policy.observe(t.regime, len(d.tokens), n, t.after_miss)
                 if d.tokens:
@@ -245,7 +249,11 @@ class Engine:
             rows = self.draft.eval_many([(active[i].slot, s, 1) for i, s in seqs.items()])
             forwards.append((tokens, time.perf_counter() - t0))
             for (i, seq), row in zip(list(seqs.items()), rows):
-                tok, conf, q = active[i].sampler.pick(row[-1], seq)
+                try:
+                    tok, conf, q = active[i].sampler.pick(row[-1], seq)
+                except ValueError:  # the draft found no token the rules allow: the target decides
+                    del seqs[i]
+                    continue
                 drafts[i].tokens.append(tok)
                 drafts[i].confidence.append(conf)
                 if q is not None:

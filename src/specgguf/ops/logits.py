@@ -234,7 +234,8 @@ class LogitRules:
     def active(self) -> bool:
         return len(self.bias_ids) > 0 or self.penalties.active or self.grammar is not None
 
-    def apply(self, logits: np.ndarray, context: Sequence[int], origin: int, need: int) -> np.ndarray:
+    def apply(self, logits: np.ndarray, context: Sequence[int], origin: int, need: int,
+              grammar: bool = True) -> np.ndarray:
         """The rows plain decoding would sample from.
 
         Args:
@@ -243,6 +244,7 @@ class LogitRules:
             context: prompt and tokens after it (``origin``: the prompt's length).
             need: how many of the best tokens the warp reads (1 greedy, top_k,
                 0 all): the grammar checks only as many as that takes.
+            grammar: False leaves the grammar to the caller (:meth:`race_mask`).
 
         Returns:
             ``[n, V]`` float32, a new array.
@@ -255,9 +257,31 @@ class LogitRules:
                 ok = self.bias_ids < len(row)
                 row[self.bias_ids[ok]] += self.bias_values[ok]
             self.penalties.apply(row, generated)
-            if self.grammar is not None:
+            if self.grammar is not None and grammar:
                 self.grammar.mask(row, self.grammar.state(generated), need)
         return rows
+
+    def race_mask(self, probs: np.ndarray, context: Sequence[int], origin: int, seed: int) -> None:
+        """Zero, in ``probs`` (``[n, V]`` warped rows, in place), the tokens the
+        grammar forbids that would win a row's race (see
+        :func:`~specgguf.ops.verify.accept_invariant`), until an allowed one
+        wins: the winner over all allowed tokens, which is all the race reads
+        (the normaliser does not change it), after a few one-token checks
+        instead of a full pass over the vocabulary (~10 ms at V=49152)."""
+        from .verify import race_pick
+        first = len(context) - len(probs) + 1
+        for i, row in enumerate(probs):
+            generated = context[origin:first + i]
+            state = self.grammar.state(generated)
+            if state is None:
+                continue
+            while True:
+                win = int(race_pick(row[None, :], seed, len(generated))[0])
+                if self.grammar.allows(state, win):
+                    break
+                row[win] = 0.0
+                if not row.any():
+                    raise ValueError("grammar: no token is allowed here (the grammar cannot continue)")
 
     def commit(self, tokens: Sequence[int]) -> None:
         """Tokens emitted: the grammar's base state moves on."""

@@ -89,6 +89,9 @@ class Sampler:
         self.logprobs = Logprobs(logprobs) if logprobs is not None else None
         # How many of a row's best tokens the warp reads: what a grammar must check.
         self.need = 1 if rule == "greedy" else (warping[1] if warping[1] > 0 else 0)
+        # Untruncated rows under a grammar, verified by the race: check race winners, not the whole row.
+        self.race_grammar = (rule == "invariant" and self.need == 0 and self.rules is not None
+                             and self.rules.grammar is not None)
 
     @classmethod
     def from_config(cls, config, origin: int = 0, vocab: Optional[tuple] = None) -> "Sampler":
@@ -134,7 +137,15 @@ class Sampler:
         return logits if self.greedy else warp(logits, *self.warping)
 
     def _ruled(self, logits: np.ndarray, context: Sequence[int]) -> np.ndarray:
-        return logits if self.rules is None else self.rules.apply(logits, context, self.origin, self.need)
+        if self.rules is None:
+            return logits
+        return self.rules.apply(logits, context, self.origin, self.need, grammar=not self.race_grammar)
+
+    def _rows(self, logits: np.ndarray, context: Sequence[int]) -> np.ndarray:
+        rows = self.warp(self._ruled(logits, context))
+        if self.race_grammar:
+            self.rules.race_mask(rows, context, self.origin, self.seed)
+        return rows
 
     def target_rows(self, logits: np.ndarray, context: Sequence[int]) -> np.ndarray:
         """The target's ``[n, V]`` logits to what the verifier reads: the
@@ -143,13 +154,17 @@ class Sampler:
         probabilities. Records the rows for logprobs when asked."""
         if self.logprobs is not None:
             self.logprobs.record(logits, len(context) - len(logits) + 1 - self.origin)
-        return self.warp(self._ruled(logits, context))
+        return self._rows(logits, context)
 
     def pick(self, logits: np.ndarray, context: Sequence[int]) -> Tuple[int, float, Optional[np.ndarray]]:
         """The draft's token after ``context`` (prompt and tokens so far), from
         its ``[V]`` logits: ``(token, confidence, q)``; q (``[V]`` float32)
         only for the exact rule, which verifies against it."""
         context_len = len(context)
+        if self.race_grammar:
+            q = self._rows(logits[None, :], context)[0]
+            tok = int(race_pick(q[None, :], self.seed, context_len - self.origin)[0])
+            return tok, float(q[tok] / q.sum()), None
         logits = self._ruled(logits[None, :], context)[0]
         if self.greedy:
             tok = int(np.argmax(logits))

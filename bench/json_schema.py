@@ -1,0 +1,154 @@
+"""Structured output: the same JSON schema and prompts through specgguf serve
+and llama-server, against plain decoding in the same sitting.
+
+Each request is an OpenAI chat completion with ``response_format`` of type
+``json_schema`` (what the openai SDK's ``parse()`` sends); both servers
+convert the schema to a GBNF grammar the same way (llama.cpp's converter)
+and constrain every token with llama.cpp's grammar engine. Configurations,
+each in several fresh processes taken in turns, a fresh state folder for
+each specgguf process:
+
+  llama-server            no draft (plain decoding)
+  llama-server -md        the same draft model, --spec-draft-n-max N
+  specgguf serve          its defaults (k="auto")
+  specgguf serve -k 0     plain decoding through specgguf
+
+One client, greedy and T=0.8 (seeded). Reported: completion tokens/s
+(median over processes, range), the share of answers that parse and carry
+every required key, the ratio to specgguf -k 0 (plain decoding, same code
+path) and to llama-server's best configuration, from the same sitting.
+
+    .venv/bin/python bench/json_schema.py [--procs 3] [--temps 0,0.8] [--tokens 160]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+from common import free_port  # bench/common.py
+from vs_llama_server import command, llama_server_binary, start
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 40},
+        "age": {"type": "integer"},
+        "email": {"type": "string", "maxLength": 40},
+        "address": {"type": "object", "properties": {"street": {"type": "string", "maxLength": 40},
+                                                     "city": {"type": "string", "maxLength": 30},
+                                                     "country": {"type": "string", "maxLength": 30}},
+                    "required": ["street", "city", "country"]},
+        "skills": {"type": "array", "items": {"type": "string", "maxLength": 30}, "maxItems": 3},
+    },
+    "required": ["name", "age", "email", "address", "skills"],
+}
+PROMPTS = [
+    "Create a profile for a software engineer called Maria Lopez who lives in Madrid.",
+    "Make up a customer record for an elderly gardener from Kyoto.",
+    "Extract the person: John Smith, 42, john@smith.org, 12 High Street, Leeds, UK; knows welding and Python.",
+    "Invent a chef from Lyon and give their details.",
+    "Produce a record for a teenage chess player in Oslo.",
+    "Describe a retired pilot living in Toronto as a profile.",
+]
+
+
+def request(client: httpx.Client, url: str, prompt: str, tokens: int, temp: float, seed: int):
+    """(completion tokens, seconds, valid) of one structured chat completion."""
+    body = {"model": "m", "messages": [{"role": "user", "content": prompt}], "max_tokens": tokens,
+            "temperature": temp, "seed": seed,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}}
+    t0 = time.perf_counter()
+    r = client.post(url + "/v1/chat/completions", json=body)
+    r.raise_for_status()
+    seconds = time.perf_counter() - t0
+    out = r.json()
+    try:
+        value = json.loads(out["choices"][0]["message"]["content"])
+        valid = isinstance(value, dict) and set(SCHEMA["required"]) <= set(value)
+    except ValueError:
+        valid = False
+    return out["usage"]["completion_tokens"], seconds, valid
+
+
+def one_process(config: str, temp: float, args, target: Path, draft: Path, rep: int) -> tuple:
+    """(tok/s, valid share) over every prompt, from one fresh server process."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    state = tempfile.mkdtemp(prefix="specgguf-bench-state-")
+    env = dict(os.environ, SPECGGUF_STATE=state)
+    with httpx.Client(timeout=600) as client:
+        proc = start(command(config, port, target, draft, args, 1), url, env, client)
+        try:
+            request(client, url, "Make up a person.", 24, temp, 7)  # warm-up
+            done = [request(client, url, p, args.tokens, temp, 100 * rep + i) for i, p in enumerate(PROMPTS)]
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except Exception:
+                proc.kill()
+            shutil.rmtree(state, ignore_errors=True)
+    return sum(n for n, _, _ in done) / sum(s for _, s, _ in done), sum(v for _, _, v in done) / len(done)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--target", help="target GGUF (default: the default pair's)")
+    ap.add_argument("--draft", help="draft GGUF (default: the default pair's)")
+    ap.add_argument("--procs", type=int, default=3, help="fresh processes per configuration and temperature (3)")
+    ap.add_argument("--temps", default="0,0.8", help="temperatures, comma-separated (0,0.8)")
+    ap.add_argument("--tokens", type=int, default=160, help="max_tokens per request (160)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads (every core)")
+    ap.add_argument("--ctx", type=int, default=2048, help="context (2048)")
+    ap.add_argument("--draft-n-max", type=int, default=4, help="llama-server's --spec-draft-n-max (4)")
+    ap.add_argument("--configs", default="ls,ls-draft,sg,sg-k0", help="which configurations (all four)")
+    ap.add_argument("--llama-server", help="a llama-server binary (default: build it from the pinned sdist)")
+    args = ap.parse_args()
+    args.temps = [float(t) for t in args.temps.split(",")]
+    args.configs = [c for c in args.configs.split(",") if c]
+    if unknown := set(args.configs) - {"ls", "ls-draft", "sg", "sg-k0"}:
+        ap.error(f"unknown configurations: {sorted(unknown)}")
+    from specgguf.llama import models
+    tname, dname = models.default_pair()
+    target = Path(args.target) if args.target else models.fetch(tname)
+    draft = Path(args.draft) if args.draft else models.fetch(dname)
+    if any(c.startswith("ls") for c in args.configs):
+        args.llama_server = args.llama_server or llama_server_binary()
+    print(f"target {target.name}, draft {draft.name}, {args.threads} threads, json_schema chat completions of up "
+          f"to {args.tokens} tokens, {len(PROMPTS)} prompts, 1 client, {args.procs} fresh processes per "
+          "configuration, taken in turns; loopback", flush=True)
+    results: dict = {}
+    for rep in range(args.procs):
+        for temp in args.temps:
+            for cfg in args.configs:
+                got = one_process(cfg, temp, args, target, draft, rep)
+                results.setdefault((cfg, temp), []).append(got)
+                print(f"  process {rep + 1}, T={temp:g}, {cfg}: {got[0]:.1f} tok/s, valid {got[1]:.0%}", flush=True)
+    names = {"ls": "llama-server, no draft", "ls-draft": f"llama-server -md, n-max {args.draft_n_max}",
+             "sg": "specgguf serve (defaults, fresh state)", "sg-k0": "specgguf serve -k 0 (plain)"}
+    for temp in args.temps:
+        print(f"\n### json_schema, temperature {temp:g}: tok/s over {args.procs} fresh processes each\n")
+        print("| configuration | tok/s median | range | valid | vs specgguf -k 0 | vs llama-server best |")
+        print("|---|---|---|---|---|---|")
+        med = {c: statistics.median(r[0] for r in results[c, temp]) for c in args.configs}
+        plain = med.get("sg-k0")
+        ls_best = max((v for k, v in med.items() if k.startswith("ls")), default=None)
+        for c in args.configs:
+            tps = [r[0] for r in results[c, temp]]
+            valid = statistics.mean(r[1] for r in results[c, temp])
+            print(f"| {names[c]} | {med[c]:.1f} | {min(tps):.1f}-{max(tps):.1f} | {valid:.0%} | "
+                  f"{med[c] / plain:.2f}x | {med[c] / ls_best:.2f}x |" if plain and ls_best else
+                  f"| {names[c]} | {med[c]:.1f} | {min(tps):.1f}-{max(tps):.1f} | {valid:.0%} | - | - |")
+
+
+if __name__ == "__main__":
+    main()
