@@ -151,7 +151,12 @@ def test_grammar_mask_equals_the_full_mask(vocab_llm):
             want = np.lexsort((np.arange(n), -full))[:min(need, allowed.sum())]
             got = np.lexsort((np.arange(n), -row))[:len(want)]
             assert list(got) == list(want), (m, need)
+            for _ in range(2):  # a full pass is kept for the state, and the kept set masks alike
+                row = base.copy()
+                g.mask(row, h, need, g.key(text[:m]))
+                assert list(np.lexsort((np.arange(n), -row))[:len(want)]) == list(want), (m, need)
         assert text[m] in np.flatnonzero(allowed)  # the text is in the language
+    assert g.allowed  # restrictive states were scanned in full once, and kept
     g.close()
 
 

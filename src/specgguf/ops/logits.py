@@ -89,6 +89,10 @@ class Grammar:
         self.vocab, self.n_vocab = vocab, n_vocab
         self.base = None
         self.cache: Dict[Tuple[int, ...], Optional[object]] = {}
+        # Allowed sets found by a full pass, by the same key as the states: the
+        # target's rows are at the contexts the draft's rows were, so a
+        # restrictive state is scanned once per round, not twice.
+        self.allowed: Dict[Tuple[int, ...], np.ndarray] = {}
         self.initial = llama_cpp.llama_sampler_init_grammar(vocab, text.encode("utf-8"), root.encode("utf-8"))
         if not self.initial:
             self.initial = None
@@ -102,11 +106,14 @@ class Grammar:
         self.committed: List[int] = []
         self.ended = False  # an end-of-generation token was emitted
 
-    def _drop_cache(self) -> None:
+    def _drop_cache(self, emitted: Tuple[int, ...] = ()) -> None:
+        """Free the draft-path states; keep the allowed sets past ``emitted``, re-keyed."""
         for h in self.cache.values():
             if h:
                 self._lib.llama_sampler_free(h)
         self.cache = {}
+        n = len(emitted)
+        self.allowed = {k[n:]: v for k, v in self.allowed.items() if n and k[:n] == emitted}
 
     def _free_states(self) -> None:
         self._drop_cache()
@@ -178,19 +185,27 @@ class Grammar:
             self._lib.llama_sampler_free(self.base)
             self.base = new
             self.committed.append(int(t))
-        self._drop_cache()
+        self._drop_cache(tuple(int(t) for t in tokens) if not self.ended else ())
 
-    def mask(self, row: np.ndarray, handle, need: int) -> None:
+    def key(self, generated: Sequence[int]) -> Tuple[int, ...]:
+        """What identifies ``generated``'s state until the next commit."""
+        return tuple(int(t) for t in generated[len(self.committed):])
+
+    def mask(self, row: np.ndarray, handle, need: int, key: Optional[Tuple[int, ...]] = None) -> None:
         """Set forbidden tokens of ``row`` (``[V]`` float32, in place) to -inf,
         checking candidates best first until ``need`` allowed ones are found
         (0: every token). The tokens left unchecked rank below ``need``
         allowed ones (ties to the lower id, as the argmax and top-k break
         them), so the argmax (need 1) and a top-k cut (need k) are exactly
-        those of the fully masked row, at a fraction of the cost."""
+        those of the fully masked row, at a fraction of the cost. ``key``
+        (see :meth:`key`) reuses a full pass made for the same state."""
         if handle is None:
             return
         head = row[:self.n_vocab]
         row[self.n_vocab:] = -np.inf
+        if key is not None and key in self.allowed:
+            head[~self.allowed[key]] = -np.inf
+            return
         if need == 1:  # greedy: the argmax is allowed most of the time
             best = int(np.argmax(head))
             if self._check(handle, np.array([best]), head[best:best + 1])[0]:
@@ -214,6 +229,8 @@ class Grammar:
             if need and found >= need:
                 break
             size *= 8
+        if done == len(finite) and key is not None and len(finite) == self.n_vocab:
+            self.allowed[key] = np.isfinite(head)
         if found == 0:
             raise ValueError("grammar: no token is allowed here (the grammar cannot continue)")
 
@@ -261,7 +278,7 @@ class LogitRules:
                 row[self.bias_ids[ok]] += self.bias_values[ok]
             self.penalties.apply(row, generated)
             if self.grammar is not None and grammar:
-                self.grammar.mask(row, self.grammar.state(generated), need)
+                self.grammar.mask(row, self.grammar.state(generated), need, self.grammar.key(generated))
         return rows
 
     def race_mask(self, probs: np.ndarray, context: Sequence[int], origin: int, seed: int) -> None:
