@@ -38,7 +38,8 @@ def _bias(value: object) -> Tuple[Tuple[int, float], ...]:
             tok = None
         if tok is None or tok < 0 or (isinstance(key, float)):
             raise ValueError(f"logit_bias: {key!r} is not a token id (an int >= 0)")
-        out[tok] = _float(f"logit_bias[{key!r}]", bias, -math.inf)
+        # -inf bans the token (as llama.cpp takes it); anything else must be finite.
+        out[tok] = -math.inf if bias == -math.inf else _float(f"logit_bias[{key!r}]", bias, -math.inf)
     return tuple(sorted(out.items()))
 
 
