@@ -34,7 +34,7 @@ from pathlib import Path
 
 import httpx
 from common import free_port  # bench/common.py
-from vs_llama_server import command, llama_server_binary, start
+from vs_llama_server import add_common_args, command, common_setup, in_turns, start
 
 SCHEMA = {
     "type": "object",
@@ -102,37 +102,14 @@ def one_process(config: str, temp: float, args, target: Path, draft: Path, rep: 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("--target", help="target GGUF (default: the default pair's)")
-    ap.add_argument("--draft", help="draft GGUF (default: the default pair's)")
-    ap.add_argument("--procs", type=int, default=3, help="fresh processes per configuration and temperature (3)")
-    ap.add_argument("--temps", default="0,0.8", help="temperatures, comma-separated (0,0.8)")
-    ap.add_argument("--tokens", type=int, default=160, help="max_tokens per request (160)")
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads (every core)")
-    ap.add_argument("--ctx", type=int, default=2048, help="context (2048)")
-    ap.add_argument("--draft-n-max", type=int, default=4, help="llama-server's --spec-draft-n-max (4)")
-    ap.add_argument("--configs", default="ls,ls-draft,sg,sg-k0", help="which configurations (all four)")
-    ap.add_argument("--llama-server", help="a llama-server binary (default: build it from the pinned sdist)")
+    add_common_args(ap, 160)
     args = ap.parse_args()
-    args.temps = [float(t) for t in args.temps.split(",")]
-    args.configs = [c for c in args.configs.split(",") if c]
-    if unknown := set(args.configs) - {"ls", "ls-draft", "sg", "sg-k0"}:
-        ap.error(f"unknown configurations: {sorted(unknown)}")
-    from specgguf.llama import models
-    tname, dname = models.default_pair()
-    target = Path(args.target) if args.target else models.fetch(tname)
-    draft = Path(args.draft) if args.draft else models.fetch(dname)
-    if any(c.startswith("ls") for c in args.configs):
-        args.llama_server = args.llama_server or llama_server_binary()
+    target, draft = common_setup(ap, args)
     print(f"target {target.name}, draft {draft.name}, {args.threads} threads, json_schema chat completions of up "
           f"to {args.tokens} tokens, {len(PROMPTS)} prompts, 1 client, {args.procs} fresh processes per "
           "configuration, taken in turns; loopback", flush=True)
-    results: dict = {}
-    for rep in range(args.procs):
-        for temp in args.temps:
-            for cfg in args.configs:
-                got = one_process(cfg, temp, args, target, draft, rep)
-                results.setdefault((cfg, temp), []).append(got)
-                print(f"  process {rep + 1}, T={temp:g}, {cfg}: {got[0]:.1f} tok/s, valid {got[1]:.0%}", flush=True)
+    results = in_turns(args, lambda cfg, temp, rep: one_process(cfg, temp, args, target, draft, rep),
+                       lambda got: f"{got[0]:.1f} tok/s, valid {got[1]:.0%}")
     names = {"ls": "llama-server, no draft", "ls-draft": f"llama-server -md, n-max {args.draft_n_max}",
              "sg": "specgguf serve (defaults, fresh state)", "sg-k0": "specgguf serve -k 0 (plain)"}
     for temp in args.temps:

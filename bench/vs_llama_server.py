@@ -158,23 +158,22 @@ def report(results: dict, args) -> None:
                       f"{lat:.2f} s | {ratio} |")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+def add_common_args(ap: argparse.ArgumentParser, tokens: int) -> None:
+    """The options every server-against-server benchmark takes."""
     ap.add_argument("--target", help="target GGUF (default: the default pair's)")
     ap.add_argument("--draft", help="draft GGUF (default: the default pair's)")
     ap.add_argument("--procs", type=int, default=3, help="fresh processes per configuration and temperature (3)")
-    ap.add_argument("--clients", default="1,2,4,8", help="concurrent client counts, comma-separated (1,2,4,8)")
-    ap.add_argument("--per-client", type=int, default=2, help="requests per client per measurement (2)")
     ap.add_argument("--temps", default="0,0.8", help="temperatures, comma-separated (0,0.8)")
-    ap.add_argument("--tokens", type=int, default=128, help="max_tokens per request (128)")
+    ap.add_argument("--tokens", type=int, default=tokens, help=f"max_tokens per request ({tokens})")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads (every core)")
     ap.add_argument("--ctx", type=int, default=2048, help="context per slot (2048)")
     ap.add_argument("--draft-n-max", type=int, default=4, help="llama-server's --spec-draft-n-max (4)")
     ap.add_argument("--configs", default="ls,ls-draft,sg,sg-k0", help="which configurations (all four)")
     ap.add_argument("--llama-server", help="a llama-server binary (default: build it from the pinned sdist)")
-    args = ap.parse_args()
-    args.clients = sorted({int(c) for c in args.clients.split(",")})
+
+
+def common_setup(ap: argparse.ArgumentParser, args) -> tuple:
+    """Checked options, and the (target, draft) files; builds llama-server when needed."""
     args.temps = [float(t) for t in args.temps.split(",")]
     args.configs = [c for c in args.configs.split(",") if c]
     if unknown := set(args.configs) - {"ls", "ls-draft", "sg", "sg-k0"}:
@@ -185,17 +184,37 @@ def main() -> None:
     draft = Path(args.draft) if args.draft else models.fetch(dname)
     if any(c.startswith("ls") for c in args.configs):
         args.llama_server = args.llama_server or llama_server_binary()
-    print(f"target {target.name}, draft {draft.name}, {args.threads} threads, {args.tokens}-token chat "
-          f"completions, clients {args.clients} x {args.per_client} requests, {args.procs} fresh processes per "
-          f"configuration, taken in turns; loopback", flush=True)
+    return target, draft
+
+
+def in_turns(args, run, show) -> dict:
+    """``{(configuration, temperature): [run(cfg, temp, rep) per process]}``,
+    the configurations taken in turns (A B C D A B C D ...), each result
+    printed with ``show`` as it comes."""
     results: dict = {}
     for rep in range(args.procs):
         for temp in args.temps:
             for cfg in args.configs:
-                got = one_process(cfg, temp, args, target, draft, rep)
+                got = run(cfg, temp, rep)
                 results.setdefault((cfg, temp), []).append(got)
-                print(f"  process {rep + 1}, T={temp:g}, {cfg}: " +
-                      ", ".join(f"{c} clients {got[c][0]:.1f} tok/s" for c in args.clients), flush=True)
+                print(f"  process {rep + 1}, T={temp:g}, {cfg}: {show(got)}", flush=True)
+    return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    add_common_args(ap, 128)
+    ap.add_argument("--clients", default="1,2,4,8", help="concurrent client counts, comma-separated (1,2,4,8)")
+    ap.add_argument("--per-client", type=int, default=2, help="requests per client per measurement (2)")
+    args = ap.parse_args()
+    args.clients = sorted({int(c) for c in args.clients.split(",")})
+    target, draft = common_setup(ap, args)
+    print(f"target {target.name}, draft {draft.name}, {args.threads} threads, {args.tokens}-token chat "
+          f"completions, clients {args.clients} x {args.per_client} requests, {args.procs} fresh processes per "
+          f"configuration, taken in turns; loopback", flush=True)
+    results = in_turns(args, lambda cfg, temp, rep: one_process(cfg, temp, args, target, draft, rep),
+                       lambda got: ", ".join(f"{c} clients {got[c][0]:.1f} tok/s" for c in args.clients))
     report(results, args)
 
 

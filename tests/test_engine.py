@@ -145,7 +145,11 @@ def test_streams_interleave_and_join_into_each_text(pairs):
         pieces[i] = pieces.get(i, "") + piece
         order.append(i)
     assert [pieces.get(i, "") for i in range(len(prompts))] == [r.text for r in whole]
-    assert len(set(order[:6])) > 1  # they ran together, not one after another
+    # They ran together, not one after another: another request's first piece
+    # came before request 0's last (a round hands out a slot's K+1 tokens at
+    # once, so the first few pieces may all be one request's).
+    last0 = len(order) - 1 - order[::-1].index(0)
+    assert min(order.index(i) for i in range(1, len(prompts))) < last0
 
 
 def test_a_stream_closed_early_frees_its_slot_and_disturbs_no_one(pairs):
