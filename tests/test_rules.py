@@ -17,7 +17,8 @@ import pytest
 import specgguf
 from specgguf.config import GenerationConfig, response_format_grammar
 from specgguf.ops.drafter import Draft
-from specgguf.ops.logits import Grammar, LogitRules, Penalties
+from specgguf.llama.grammar import Grammar
+from specgguf.ops.logits import LogitRules, Penalties
 from specgguf.ops.sampling import Sampler
 from tests.conftest import ALPHA, chi2_pvalue, msgs
 

@@ -26,6 +26,7 @@ from .engine.decoder import SpeculativeDecoder
 from .engine.batch import Engine
 from .engine.learning import AUTO_K_MAX, Learning
 from .engine.calibration import calibrate, measure_acceptance
+from .llama.grammar import Grammar
 from .llama.model import InUse, ModelLike
 from .llama.pair import ModelPair
 from .ops.sampling import Sampler
@@ -123,7 +124,6 @@ class SpeculativeLlama(CompletionMethods):
 
     def check_grammar(self, grammar: str) -> None:
         """ValueError if llama.cpp cannot compile ``grammar`` (GBNF) for this target."""
-        from .ops.logits import Grammar
         Grammar(*self.pair.vocab, grammar).close()
 
     def reset(self) -> None:
@@ -184,7 +184,8 @@ class SpeculativeLlama(CompletionMethods):
         ids = self.tokenize(prompt, chat)
         if len(ids) >= self.n_ctx:
             raise ValueError(f"the prompt has {len(ids)} tokens; the context window is {self.n_ctx}")
-        sampler = Sampler.from_config(config, origin=len(ids), vocab=self.pair.vocab)  # a bad grammar fails here
+        grammar = Grammar(*self.pair.vocab, config.grammar) if config.grammar is not None else None  # fails here
+        sampler = Sampler.from_config(config, origin=len(ids), grammar=grammar)
         return self._run(ids, config, sampler, should_stop)
 
     def _run(self, ids: List[int], config: GenerationConfig, sampler: Sampler, should_stop) -> Iterator:

@@ -53,7 +53,7 @@ def calibrate_main(argv: List[str]) -> int:
 
 
 def serve_main(argv: List[str]) -> int:
-    from .serve.server import main
+    from .serve.command import main
     return main(argv)
 
 

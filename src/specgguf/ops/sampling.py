@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import _core
 from .drafter import Draft
-from .logits import Grammar, LogitRules, Logprobs, Penalties
+from .logits import LogitRules, Logprobs, Penalties
 from .verify import GeneratorLike, accept, accept_invariant, accept_onehot, as_generator, race_pick, verify_greedy
 
 RULES = ("greedy", "exact", "invariant")
@@ -94,18 +94,15 @@ class Sampler:
                              and self.rules.grammar is not None)
 
     @classmethod
-    def from_config(cls, config, origin: int = 0, vocab: Optional[tuple] = None) -> "Sampler":
+    def from_config(cls, config, origin: int = 0, grammar=None) -> "Sampler":
         """The sampler a :class:`~specgguf.config.GenerationConfig` asks for.
         With the exact rule and a seed, the verifier draws from ``seed`` and
-        the draft from ``seed + 1`` (two independent streams). ``vocab``:
-        ``(llama_vocab pointer, n_vocab)`` of the target, which a grammar
-        compiles against (ValueError if the grammar does not parse)."""
+        the draft from ``seed + 1`` (two independent streams). ``grammar``:
+        ``config.grammar`` compiled for the target's vocabulary (a
+        :class:`~specgguf.llama.grammar.Grammar`), which the sampler then owns."""
         seed = config.seed
-        grammar = None
-        if config.grammar is not None:
-            if vocab is None:
-                raise ValueError("a grammar needs the target's vocabulary")
-            grammar = Grammar(vocab[0], vocab[1], config.grammar)
+        if (config.grammar is None) != (grammar is None):
+            raise ValueError("config.grammar and the compiled grammar must come together")
         rules = LogitRules(dict(config.logit_bias), Penalties(config.repeat_penalty, config.frequency_penalty,
                                                              config.presence_penalty, config.penalty_last_n),
                            grammar)

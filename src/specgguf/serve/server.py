@@ -1,9 +1,11 @@
 """``python -m specgguf serve``: an OpenAI-compatible HTTP server with exact
 speculative decoding.
 
-Routes: ``GET /health``, ``GET /v1/models``, ``POST /v1/completions``,
-``POST /v1/chat/completions`` (streaming as Server-Sent Events ending with
-``data: [DONE]``). Built on Starlette and uvicorn, the ASGI stack under
+Routes: ``GET /health``, ``GET /v1/models``, ``GET /v1/models/{id}``,
+``POST /v1/completions``, ``POST /v1/chat/completions`` (streaming as
+Server-Sent Events ending with ``data: [DONE]``), each also without ``/v1``
+as llama-server serves them; CORS only for ``--cors-origins``. The command
+line (options, sockets) is :mod:`specgguf.serve.command`. Built on Starlette and uvicorn, the ASGI stack under
 llama-cpp-python's own server (FastAPI is Starlette plus pydantic models;
 specgguf validates through its GenerationConfig instead, so each error names
 the request field, and a board installs two small pure-Python packages).
@@ -26,12 +28,11 @@ import asyncio
 import contextlib
 import hmac
 import json
-import os
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import AsyncIterator, Iterator, List, Optional, Sequence
+from typing import AsyncIterator, Iterator, Optional, Sequence
 
 import anyio
 
@@ -400,124 +401,3 @@ class _Relay:
         close = getattr(self.items, "close", None)
         if close:
             close()
-
-
-AUTO_SLOTS = 4  # as llama-server's default; fewer when the memory is short
-
-
-def auto_slots(args) -> int:
-    """``--parallel auto``: AUTO_SLOTS slots, fewer if their KV caches
-    would not fit in the memory available (estimated from the files'
-    sizes: a slot of --ctx tokens costs far less than the weights); 1 with
-    --rpc (slots need local models)."""
-    from ..llama.model import available_memory
-    if args.rpc:
-        return 1
-    avail = available_memory()
-    if avail is None:
-        return AUTO_SLOTS
-    from ..llama import models
-    target, draft = args.target, args.draft
-    if target is None or draft is None:
-        dt, dd = models.default_pair()
-        target, draft = target or dt, draft or dd
-    weights = sum(models.resolve_model(m).stat().st_size for m in (target, draft) if m != "ngram")
-    # KV per token is under 1/2000 of the weights for the models specgguf pairs (e.g. 8B: 128 KiB of 4.9 GB).
-    per_slot = weights * args.ctx / 2000
-    return max(1, min(AUTO_SLOTS, int((avail - weights) * 0.8 // max(per_slot, 1))))
-
-
-def listen(hosts: Sequence[str], port: int) -> List["socket.socket"]:
-    """Listening sockets for ``port`` on every address of ``hosts``; OSError
-    with one clear line (a busy port, an address not on this machine, a
-    name that does not resolve) before anything is served."""
-    import socket
-    socks: List[socket.socket] = []
-    try:
-        for host in hosts:
-            try:
-                infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-            except socket.gaierror as e:
-                raise OSError(f"cannot listen on {host!r}: the name does not resolve ({e.strerror})") from None
-            family, _, _, _, addr = infos[0]
-            sock = socket.socket(family, socket.SOCK_STREAM)
-            socks.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            try:
-                sock.bind(addr)
-            except OSError as e:
-                why = "the port is in use (another server?)" if e.errno == 98 else e.strerror
-                raise OSError(f"cannot listen on {_url(host, port)}: {why}") from None
-            sock.listen(128)
-            sock.set_inheritable(True)
-    except OSError:
-        for sock in socks:
-            sock.close()
-        raise
-    return socks
-
-
-def _url(host: str, port: int) -> str:
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-
-def main(argv) -> int:
-    from ..options import Parser, add_generation_args, add_model_args, config_from_args, load_pair
-    from ..llama.rpc import is_loopback
-    ap = Parser(prog="python -m specgguf serve", description=__doc__.split("\n\n")[0] + "\n\n" +
-                "Point any OpenAI client at http://HOST:PORT/v1 (see README: OpenAI-compatible server).")
-    add_model_args(ap)
-    add_generation_args(ap)
-    ap.add_argument("--host", default="127.0.0.1", help="address(es) to listen on, comma-separated, e.g. "
-                    "'127.0.0.1,::1' (default 127.0.0.1: this machine only)")
-    ap.add_argument("--port", type=int, default=8080, help="port (8080)")
-    ap.add_argument("--api-key", default=os.environ.get("SPECGGUF_API_KEY"),
-                    help="require 'Authorization: Bearer KEY' on every route but GET /health, which "
-                    "then says only that the server is up (default: $SPECGGUF_API_KEY)")
-    ap.add_argument("--parallel", default="auto", help="requests run at once, each in a slot of --ctx "
-                    "tokens, verified together in one target forward per round (default 'auto': "
-                    f"up to {AUTO_SLOTS} as the memory allows, said at start)")
-    ap.add_argument("--queue", type=int, default=16, help="requests that may wait while the slots are busy (16); "
-                    "beyond that: 503 with Retry-After")
-    ap.add_argument("--model-id", help="the model name /v1/models reports (default: the target's file name)")
-    ap.add_argument("--cors-origins", default="", help="web origins allowed to call the server from a browser, "
-                    "comma-separated (e.g. 'http://localhost:3000', or '*' for any); default none")
-    args = ap.parse_args(argv)
-    hosts = [h.strip() for h in args.host.split(",") if h.strip()]
-    if not hosts:
-        ap.error("--host needs at least one address")
-    if not 0 <= args.port < 65536:
-        ap.error(f"--port must be in [0, 65535], got {args.port}")
-    if args.queue < 0:
-        ap.error(f"--queue must be >= 0, got {args.queue}")
-    try:
-        parallel = None if args.parallel == "auto" else int(args.parallel)
-        if parallel is not None and not 1 <= parallel <= 64:
-            raise ValueError
-    except ValueError:
-        ap.error(f"--parallel must be 'auto' or an int in [1, 64], got {args.parallel!r}")
-    try:
-        socks = listen(hosts, args.port)  # before loading: a busy port is said at once
-    except OSError as e:
-        print(f"specgguf: error: {e}", file=sys.stderr)
-        return 1
-    for host in hosts:
-        if not is_loopback(host) and not args.api_key:
-            print(f"specgguf: warning: serving on {host} without an API key: anyone who can reach this port "
-                  "can use it (set --api-key or $SPECGGUF_API_KEY)", file=sys.stderr)
-    if parallel is None:
-        parallel = auto_slots(args)
-    llm = load_pair(args, config=config_from_args(args), parallel=parallel)
-    server = Server(llm, args.api_key, args.queue, args.model_id, args.verbose)
-    import uvicorn
-    origins = [o.strip() for o in args.cors_origins.split(",") if o.strip()]
-    where = ", ".join(_url(h, socks[0].getsockname()[1] if args.port == 0 else args.port) + "/v1" for h in hosts)
-    print(f"specgguf: serving {server.model_id} on {where} with {server.slots} "
-          f"slot{'s' if server.slots > 1 else ''} of {llm.n_ctx} tokens (--parallel, --ctx)", file=sys.stderr,
-          flush=True)
-    config = uvicorn.Config(create_app(server, origins), access_log=False, timeout_graceful_shutdown=5,
-                            log_level="info" if args.verbose else "warning")
-    uvicorn.Server(config).run(sockets=socks)
-    return 0
