@@ -23,7 +23,6 @@ from .config import GenerationConfig, response_format_grammar
 from .llama.text import check_messages
 
 
-
 def _fingerprint() -> str:
     from importlib.metadata import PackageNotFoundError, version
     try:

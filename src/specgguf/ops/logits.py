@@ -105,7 +105,7 @@ class LogitRules:
                 self.grammar.mask(row, self.grammar.state(generated), need, self.grammar.key(generated))
         return rows
 
-    def race_mask(self, probs: np.ndarray, context: Sequence[int], origin: int, seed: int) -> None:
+    def race_mask(self, probs: np.ndarray, context: Sequence[int], origin: int, seed: int) -> List[int]:
         """Zero, in ``probs`` (``[n, V]`` warped rows, in place), the tokens the
         grammar forbids that would win a row's race (see
         :func:`~specgguf.ops.verify.accept_invariant`), until an allowed one
@@ -114,25 +114,29 @@ class LogitRules:
         allowed (one one-token check); else candidates are checked in race
         order, a chunk at a time, instead of a full pass over the vocabulary
         (~10 ms at V=49152). The race itself has the last word: the loop
-        ends only when :func:`race_pick` names an allowed token."""
+        ends only when :func:`race_pick` names an allowed token.
+
+        Returns:
+            each row's race winner (what a draft proposes there).
+        """
         from .verify import race_pick
         first = len(context) - len(probs) + 1
+        wins = []
         for i, row in enumerate(probs):
             generated = context[origin:first + i]
             state = self.grammar.state(generated)
-            if state is None:
-                continue
             win = int(race_pick(row[None, :], seed, len(generated))[0])
-            if self.grammar.allows(state, win):
-                continue
-            self._race_order_mask(row, state, seed, len(generated))
-            while True:
-                win = int(race_pick(row[None, :], seed, len(generated))[0])
-                if self.grammar.allows(state, win):
-                    break
-                row[win] = 0.0  # a near-tie the key order below placed differently
-                if not row.any():
-                    raise ValueError("grammar: no token is allowed here (the grammar cannot continue)")
+            if state is not None and not self.grammar.allows(state, win):
+                self._race_order_mask(row, state, seed, len(generated))
+                while True:
+                    win = int(race_pick(row[None, :], seed, len(generated))[0])
+                    if self.grammar.allows(state, win):
+                        break
+                    row[win] = 0.0  # a near-tie the key order below placed differently
+                    if not row.any():
+                        raise ValueError("grammar: no token is allowed here (the grammar cannot continue)")
+            wins.append(win)
+        return wins
 
     def _race_order_mask(self, row: np.ndarray, state, seed: int, position: int) -> None:
         """Zero forbidden tokens in race order (smallest E/p first) up to the first allowed one."""

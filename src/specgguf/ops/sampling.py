@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numbers
 import secrets
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -138,11 +138,11 @@ class Sampler:
             return logits
         return self.rules.apply(logits, context, self.origin, self.need, grammar=not self.race_grammar)
 
-    def _rows(self, logits: np.ndarray, context: Sequence[int]) -> np.ndarray:
+    def _rows(self, logits: np.ndarray, context: Sequence[int]) -> Tuple[np.ndarray, Optional[List[int]]]:
+        """The verifier's rows, and under :attr:`race_grammar` each row's race winner."""
         rows = self.warp(self._ruled(logits, context))
-        if self.race_grammar:
-            self.rules.race_mask(rows, context, self.origin, self.seed)
-        return rows
+        wins = self.rules.race_mask(rows, context, self.origin, self.seed) if self.race_grammar else None
+        return rows, wins
 
     def target_rows(self, logits: np.ndarray, context: Sequence[int]) -> np.ndarray:
         """The target's ``[n, V]`` logits to what the verifier reads: the
@@ -151,17 +151,16 @@ class Sampler:
         probabilities. Records the rows for logprobs when asked."""
         if self.logprobs is not None:
             self.logprobs.record(logits, len(context) - len(logits) + 1 - self.origin)
-        return self._rows(logits, context)
+        return self._rows(logits, context)[0]
 
     def pick(self, logits: np.ndarray, context: Sequence[int]) -> Tuple[int, float, Optional[np.ndarray]]:
         """The draft's token after ``context`` (prompt and tokens so far), from
         its ``[V]`` logits: ``(token, confidence, q)``; q (``[V]`` float32)
         only for the exact rule, which verifies against it."""
         context_len = len(context)
-        if self.race_grammar:
-            q = self._rows(logits[None, :], context)[0]
-            tok = int(race_pick(q[None, :], self.seed, context_len - self.origin)[0])
-            return tok, float(q[tok] / q.sum()), None
+        if self.race_grammar:  # the grammar's race check names the winner: no second race
+            rows, wins = self._rows(logits[None, :], context)
+            return wins[0], float(rows[0, wins[0]] / rows[0].sum()), None
         logits = self._ruled(logits[None, :], context)[0]
         if self.greedy:
             tok = int(np.argmax(logits))
