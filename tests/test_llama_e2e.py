@@ -144,8 +144,30 @@ def test_full_context_window():
     res = s.generate(ids, max_tokens=500)
     assert res.finish_reason in ("length", "stop")
     assert len(ids) + len(res.tokens) <= llama_cpp.llama_n_ctx(small_t.ctx)
+    assert res.stats["context_full"] == (res.finish_reason == "length")
+    assert not s.generate(ids, max_tokens=5).stats["context_full"]
     with pytest.raises(ValueError, match="context window"):
         s.generate(ids * (s.n_ctx // len(ids) + 1), max_tokens=5)
+
+
+def test_sources_give_each_tokens_provenance(target, draft):
+    """``sources``: "draft" for an accepted draft token, "target" for the
+    target's own, one per token; a stream's pieces carry their tokens'
+    sources, together the result's; k="auto" says why it drafts as it does."""
+    s = SpeculativeLlama(target, draft)
+    ids = s.tokenize(msgs(PROMPTS[0]), chat=True)
+    items = list(s.run(ids, max_tokens=48, k=4))
+    res, pieces = items[-1], items[:-1]
+    assert res.finish_reason == "length" and len(res.sources) == len(res.tokens) == 48
+    assert res.sources[0] == "target"  # the first round is plain: the first token comes at once
+    assert res.sources.count("draft") == res.stats["accepted"] > 0
+    assert res.sources.count("target") == res.stats["rounds"]
+    assert [x for p in pieces for x in p.sources] == res.sources
+    assert "".join(pieces) == res.text
+    assert res.stats["why"] is None  # a fixed K has nothing to explain
+    auto = s.generate(ids, max_tokens=24, k="auto")
+    assert "plain decoding" in auto.stats["why"] and auto.sources.count("draft") <= auto.stats["accepted"]
+    assert 0 < auto.stats["decode_tokens_per_second"]
 
 
 def test_models_usable_after_an_exception(spec):

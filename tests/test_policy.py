@@ -391,3 +391,21 @@ def test_the_guard_stops_drafting_that_delivers_less_than_plain():
     ks = play(policy, 0.2, 40, np.random.default_rng(8), HERE)
     assert 0 in ks[:10]
     assert all(k <= DraftPolicy.PROBE_K for k in ks[-30:])  # plain decoding, and short probes at most
+
+
+def test_a_catch_up_timed_at_a_short_lag_does_not_price_a_long_one_per_token():
+    """A forward's fixed part dominates a short catch-up: 35 ms for 3
+    tokens measured after a first call must not price a chat prompt's 40
+    tokens at 12 ms each, which kept every later chat from drafting."""
+    policy = DraftPolicy(8, online_costs=True)
+    for _ in range(12):  # a good draft: K=4 rounds deliver 5 tokens in 75 ms, plain 1 in 33 ms
+        policy.choose(lag=1)
+        policy.update(0, 0, None, 0.033)
+        policy.choose(lag=1)
+        policy.update(4, 4, None, 0.075, first_seconds=0.013)
+    policy.choose(lag=3)
+    policy.update(4, 4, None, 0.097, first_seconds=0.035)  # the catch-up: 3 tokens in 35 ms
+    assert policy.arms.catchup_cost(3) == pytest.approx(0.035)
+    assert policy.arms.catchup_cost(38) < 0.5 * 38 * 0.035 / 3
+    assert policy.choose(remaining=20, lag=40) > 0
+    assert "predicted" in policy.explain() and "measured in this process" in policy.explain()

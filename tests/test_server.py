@@ -111,6 +111,34 @@ def test_streaming_equals_the_whole_response(client):
                                                         temperature=0).choices[0].text
 
 
+def test_sources_say_which_tokens_came_from_the_draft(client):
+    """Each completion token's provenance: the "draft" entries are the
+    accepted draft tokens, a stream's chunks carry their own tokens'
+    sources, and together they are the whole response's (greedy, fixed K:
+    the same rounds both times). llama-server's timings ride along."""
+    ask = dict(model="x", messages=chat(PROMPTS[0]), max_tokens=40, temperature=0, extra_body={"k": 4})
+    client.chat.completions.create(**ask)  # a new prompt's first round is plain; a cached one's drafts
+    whole = client.chat.completions.create(**ask)
+    spec, sources = whole.model_extra["speculation"], whole.model_extra["speculation"]["sources"]
+    assert whole.choices[0].finish_reason == "length" and len(sources) == whole.usage.completion_tokens == 40
+    assert set(sources) == {"draft", "target"} and sources.count("draft") == spec["accepted"] > 0
+    assert sources.count("target") == spec["rounds"]  # one target token per round
+    timings = whole.model_extra["timings"]
+    assert timings["draft_n"] == spec["drafted"] and timings["draft_n_accepted"] == spec["accepted"]
+    assert timings["predicted_n"] == 40 and timings["predicted_per_second"] > 0
+    chunks = list(client.chat.completions.create(**ask, stream=True))
+    streamed = [s for c in chunks for s in (c.model_extra.get("speculation") or {}).get("sources", [])]
+    assert streamed == sources
+    for c in chunks:  # a chunk's sources are its own text's tokens: none without text
+        if c.choices and not c.choices[0].delta.content:
+            assert not (c.model_extra.get("speculation") or {}).get("sources")
+    assert chunks[-1].model_extra["timings"]["draft_n_accepted"] == spec["accepted"]
+    text = client.completions.create(model="x", prompt="Count: 1, 2, 3,", max_tokens=24, temperature=0,
+                                     extra_body={"k": 4}).model_extra
+    assert len(text["speculation"]["sources"]) == 24 and text["speculation"]["sources"].count("draft") == \
+        text["speculation"]["accepted"]
+
+
 def test_stop_strings_and_seeds(client):
     full = client.completions.create(model="x", prompt="Count: 1, 2, 3,", max_tokens=30, temperature=0)
     assert "6" in full.choices[0].text

@@ -22,7 +22,7 @@ import llama_cpp
 
 from .completions import CompletionMethods
 from .config import GenerationConfig
-from .engine.decoder import SpeculativeDecoder
+from .engine.decoder import SpeculativeDecoder, sources
 from .engine.batch import Engine
 from .engine.learning import AUTO_K_MAX, Learning
 from .engine.calibration import calibrate, measure_acceptance
@@ -40,7 +40,9 @@ class GenerationResult:
     ``tokens`` are the generated tokens whose text is entirely in ``text``
     (an end-of-generation token is never included; see :class:`TextStream`).
     ``logprobs`` (when asked for): one ``(token, logprob, [(id, logprob)])``
-    per token of ``tokens``, under the target's raw logits.
+    per token of ``tokens``, under the target's raw logits. ``sources``: one
+    entry per token of ``tokens``, ``"draft"`` (a draft token the target
+    accepted) or ``"target"`` (a token the target produced itself).
     """
 
     text: str
@@ -48,12 +50,15 @@ class GenerationResult:
     finish_reason: str
     stats: Dict[str, Any] = field(default_factory=dict)
     logprobs: Optional[List[tuple]] = None
+    sources: List[str] = field(default_factory=list)
 
 
 class Piece(str):
-    """A streamed text piece; ``logprobs`` (when asked for) holds the entries
-    of the tokens whose text completed with it (see :class:`GenerationResult`)."""
+    """A streamed text piece. ``sources`` and ``logprobs`` (when asked for)
+    cover the tokens whose text completed with it (see
+    :class:`GenerationResult`): a stream's pieces together carry the result's."""
 
+    sources: List[str] = []
     logprobs: Optional[List[tuple]] = None
 
 
@@ -206,11 +211,12 @@ class SpeculativeLlama(CompletionMethods):
             produced: List[int] = []
             budget = self._budget(ids, config)
             tokens = dec.stream(ids, budget, stop_tokens=self.pair.eog)
-            yield from self._decode(tokens, out, should_stop, produced, self.pair.owns, sampler)
+            yield from self._decode(tokens, out, should_stop, produced, self.pair.owns, sampler, dec.stats)
             seconds = time.perf_counter() - t0
             self.learning.finish(policy, config)
             result = self._result(dec, out, produced[:out.n_tokens()], len(ids), seconds, before)
             result.stats["cached_tokens"] = max(0, cached)
+            result.stats["why"] = policy.explain() if policy else None
             yield result
 
     def _run_slot(self, ids: List[int], config: GenerationConfig, sampler: Sampler, should_stop) -> Iterator:
@@ -223,7 +229,7 @@ class SpeculativeLlama(CompletionMethods):
                                     pair.state.evidence(config.regime))
         out = self._text(config)
         produced: List[int] = []
-        yield from self._decode(iter(ticket), out, should_stop, produced, True, sampler)
+        yield from self._decode(iter(ticket), out, should_stop, produced, True, sampler, ticket.stats)
         yield self._result(ticket, out, produced[:out.n_tokens()], len(ids), time.perf_counter() - t0, before)
 
     def _budget(self, ids: List[int], config: GenerationConfig) -> int:
@@ -236,16 +242,19 @@ class SpeculativeLlama(CompletionMethods):
         return TextStream(lambda t: llm.detokenize([t], special=False), config.stop, self.pair.eog)
 
     def _decode(self, tokens: Iterator[int], out: TextStream, should_stop, produced: List[int], keep: bool,
-                sampler: Sampler):
+                sampler: Sampler, stats):
         """:class:`Piece` s of text from ``tokens`` until ``out`` or
-        ``should_stop`` ends them; the models are reset after an error unless ``keep``."""
+        ``should_stop`` ends them (``stats``: the run's, with each token's
+        provenance); the models are reset after an error unless ``keep``."""
         clean, sent = False, [0]
 
         def piece(text: str) -> Piece:
             p = Piece(text)
-            if sampler.logprobs is not None:  # the tokens whose text is now complete
-                p.logprobs = sampler.logprobs.entries[sent[0]:out.n_tokens()]
-                sent[0] = out.n_tokens()
+            done = out.n_tokens()  # the tokens whose text is now complete
+            p.sources = sources(stats.from_draft[sent[0]:done])
+            if sampler.logprobs is not None:
+                p.logprobs = sampler.logprobs.entries[sent[0]:done]
+            sent[0] = done
             return p
         try:
             for tok in tokens:
@@ -275,12 +284,16 @@ class SpeculativeLlama(CompletionMethods):
         forwards, warp = sum(spent[:-1]), spent[-1]
         n = len(tokens)
         stats = dec.stats.as_dict()
+        after_first = seconds - stats["first_target_seconds"]  # the first round also read the prompt
+        stats.update(decode_tokens_per_second=(n - 1) / after_first if n > 1 and after_first > 0 else 0.0,
+                     context_full=out.finish_reason == "length" and n_prompt + dec.stats.emitted >= self.n_ctx)
         stats.update(tokens_per_second=n / seconds if seconds else 0.0, seconds=seconds, completion_tokens=n,
                      forward_seconds=forwards, warp_seconds=warp, overhead_seconds=seconds - forwards,
                      prompt_tokens=n_prompt, finish_reason=out.finish_reason, verification=dec.sampler.rule)
         lp = dec.sampler.logprobs
         return GenerationResult(text=out.text, tokens=tokens, finish_reason=out.finish_reason, stats=stats,
-                                logprobs=None if lp is None else lp.entries[:n])
+                                logprobs=None if lp is None else lp.entries[:n],
+                                sources=sources(dec.stats.from_draft[:n]))
 
     def calibrate(self, progress=None) -> dict:
         """Measure this machine's forward costs for the pair and the draft's

@@ -152,17 +152,21 @@ def run(args: argparse.Namespace, stop: Interrupt) -> int:
     if stop.hit:
         raise KeyboardInterrupt
     if args.json:
-        print(json.dumps({"text": res.text, "tokens": res.tokens, "finish_reason": res.finish_reason,
-                          "stats": res.stats}))
+        print(json.dumps({"text": res.text, "tokens": res.tokens, "sources": res.sources,
+                          "finish_reason": res.finish_reason, "stats": res.stats}))
     else:
         print("" if stream else res.text, flush=True)
+    if res.stats.get("context_full"):
+        print(f"specgguf: the generation stopped at the end of the context window ({llm.n_ctx} tokens, "
+              "prompt included); --ctx sets a larger one", file=sys.stderr)
     if args.stats:
         print_stats(res.stats)
     return 0
 
 
 def print_stats(s: dict) -> None:
-    print(f"specgguf: {s['completion_tokens']} tokens in {s['seconds']:.2f} s ({s['tokens_per_second']:.1f} tok/s, "
+    print(f"specgguf: {s['completion_tokens']} tokens in {s['seconds']:.2f} s ({s['tokens_per_second']:.1f} tok/s "
+          f"with the prompt's evaluation, {s['decode_tokens_per_second']:.1f} tok/s after the first token; "
           f"{s['finish_reason']}); rounds {s['rounds']}, drafted {s['drafted']}, accepted {s['accepted']} "
           f"({100 * s['acceptance_rate']:.1f}%), mean accepted {s['mean_accepted']:.2f}; "
           f"verification {s['verification']}\n"
@@ -171,3 +175,5 @@ def print_stats(s: dict) -> None:
           f"specgguf: time: draft {s['draft_seconds']:.2f} s, target {s['target_seconds']:.2f} s, "
           f"verify {s['verify_seconds'] * 1e3:.1f} ms, warp {s['warp_seconds'] * 1e3:.1f} ms, outside "
           f"the forwards {100 * s['overhead_seconds'] / max(s['seconds'], 1e-9):.1f}%", file=sys.stderr)
+    if s.get("why"):
+        print(f"specgguf: k=auto: {s['why']}", file=sys.stderr)

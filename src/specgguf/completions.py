@@ -4,7 +4,9 @@ a :class:`~specgguf.SpeculativeLlama`.
 Same keyword names, same defaults, same return shapes (including the
 streaming chunks), so code written for ``llama_cpp.Llama`` switches by
 changing only the constructor. Speculation stats ride along under one extra
-key, ``"speculation"`` (in the response, or the last chunk of a stream).
+key, ``"speculation"`` (in the response, or the last chunk of a stream; each
+text chunk's holds the provenance of its tokens, ``sources``), and under
+llama-server's ``"timings"`` (``draft_n``, ``draft_n_accepted``).
 
 Penalties, ``logit_bias``, ``grammar``, JSON ``response_format`` and
 ``logprobs`` work as in llama-cpp-python, applied to every verified row
@@ -88,13 +90,34 @@ def rule_settings(kwargs: Dict[str, Any], chat: bool) -> Dict[str, Any]:
     return out
 
 
-def speculation(stats: dict) -> dict:
-    """The stats that ride along under "speculation" (like llama-server's
-    timings.draft_n / draft_n_accepted)."""
-    return {"drafted": stats["drafted"], "accepted": stats["accepted"],
-            "acceptance_rate": stats["acceptance_rate"], "rounds": stats["rounds"],
-            "k_chosen": {str(k): n for k, n in stats["k_hist"].items()}, "verification": stats["verification"],
-            "tokens_per_second": stats["tokens_per_second"]}
+def speculation(stats: dict, sources: Optional[List[str]] = None) -> dict:
+    """The stats that ride along under "speculation"; ``sources``: each
+    completion token's provenance, ``"draft"`` or ``"target"``
+    (:attr:`~specgguf.GenerationResult.sources`)."""
+    out = {"drafted": stats["drafted"], "accepted": stats["accepted"],
+           "acceptance_rate": stats["acceptance_rate"], "rounds": stats["rounds"],
+           "k_chosen": {str(k): n for k, n in stats["k_hist"].items()}, "verification": stats["verification"],
+           "tokens_per_second": stats["tokens_per_second"], "why": stats.get("why")}
+    if sources is not None:
+        out["sources"] = sources
+    return out
+
+
+def timings(stats: dict) -> dict:
+    """llama-server's ``timings`` of one result, so its clients read them:
+    ``prompt_ms`` is the first round (the prompt's evaluation and the first
+    token), ``predicted_ms`` the rest; ``draft_n`` / ``draft_n_accepted``
+    the draft tokens proposed and accepted."""
+    n, first = stats["completion_tokens"], stats.get("first_target_seconds", 0.0)
+    prompt_n = stats["prompt_tokens"] - stats.get("cached_tokens", 0)
+    rest = max(stats["seconds"] - first, 0.0)
+    return {"prompt_n": prompt_n, "prompt_ms": first * 1e3,
+            "prompt_per_token_ms": first * 1e3 / prompt_n if prompt_n else 0.0,
+            "prompt_per_second": prompt_n / first if first else 0.0,
+            "predicted_n": n, "predicted_ms": rest * 1e3,
+            "predicted_per_token_ms": rest * 1e3 / n if n else 0.0,
+            "predicted_per_second": n / rest if rest else 0.0,
+            "draft_n": stats["drafted"], "draft_n_accepted": stats["accepted"]}
 
 
 def _settings(max_tokens: Optional[int], n_ctx: int, **kw) -> GenerationConfig:
@@ -214,9 +237,10 @@ class Shapes:
         """One response with a choice per result (their order is their index)."""
         choices = [self.chat_choice(r, i) if chat else self.text_choice(r, i, prefix) for i, r in enumerate(results)]
         stats = [r.stats for r in results]
+        spec = [speculation(r.stats, r.sources) for r in results]
         return {**self.head("chat.completion" if chat else "text_completion"), "choices": choices,
-                "usage": self.usage(stats), "speculation": speculation(stats[0]) if len(stats) == 1 else
-                [speculation(s) for s in stats]}
+                "usage": self.usage(stats), "speculation": spec[0] if len(spec) == 1 else spec,
+                "timings": timings(stats[0]) if len(stats) == 1 else [timings(s) for s in stats]}
 
     def text_response(self, res, prefix: str = "") -> dict:
         return self.response([res], False, prefix)
@@ -247,9 +271,10 @@ class Shapes:
                 entries = getattr(item, "logprobs", None)
                 lp = self.chat_logprobs(entries) if chat else self.text_logprobs(entries, offsets[i])
                 offsets[i] += len(item)
-                yield chunk(i, str(item), None, lp)
-            else:
-                yield {**chunk(i, None, item.finish_reason), "speculation": speculation(item.stats)}
+                yield {**chunk(i, str(item), None, lp), "speculation": {"sources": list(getattr(item, "sources", []))}}
+            else:  # the last chunk: this choice's stats (its tokens' sources came with their pieces)
+                yield {**chunk(i, None, item.finish_reason), "speculation": speculation(item.stats, []),
+                       "timings": timings(item.stats)}
 
     def text_chunks(self, run: Iterator, prefix: str = "") -> Iterator[dict]:
         return self.chunks(((0, item) for item in run), False, 1, prefix)

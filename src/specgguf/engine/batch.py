@@ -85,11 +85,12 @@ class Ticket:
             self._wake()
 
     # -- the engine's side --------------------------------------------------
-    def emit(self, tokens: Sequence[int]) -> bool:
-        """Hand ``tokens`` to the caller; True when the request is done."""
-        for t in tokens:
+    def emit(self, tokens: Sequence[int], n_draft: int) -> bool:
+        """Hand ``tokens`` (the first ``n_draft`` accepted drafts) to the
+        caller; True when the request is done."""
+        for i, t in enumerate(tokens):
             self.ids.append(t)
-            self.stats.emitted += 1
+            self.stats.emit(i < n_draft)
             self.queue.put(t)
             if t in self.stops:
                 self.stats.finish_reason = "stop"
@@ -227,7 +228,9 @@ class Engine:
                     t.after_miss = n < len(d.tokens)
                 t.stats.draft_seconds += t1 - t0
                 t.stats.target_seconds += t2 - t1
-                if t.emit(d.tokens[:n] + [nxt]) and self.slots[t.slot] is t:
+                if t.stats.rounds == 1:  # the round that also read its prompt
+                    t.stats.first_target_seconds = t2 - t1
+                if t.emit(d.tokens[:n] + [nxt], n) and self.slots[t.slot] is t:
                     self._free(t, _END)
         t3 = time.perf_counter()
         target_tokens = sum(v.target_lag + len(d.tokens) for v, d in zip(views, drafts))

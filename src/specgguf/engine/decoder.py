@@ -40,7 +40,8 @@ class DecoderStats:
     ``position_drafted[i]`` / ``position_accepted[i]`` count rounds that
     drafted / accepted draft position i (0-based); ``k_hist[k]`` rounds that
     drafted k tokens; ``stop_reasons`` why drafting stopped in rounds that
-    asked for tokens.
+    asked for tokens; ``from_draft[i]`` whether emitted token i was a draft
+    token the target accepted (1) or the target's own (0): its provenance.
     """
 
     rounds: int = 0
@@ -57,6 +58,7 @@ class DecoderStats:
     target_seconds: float = 0.0
     first_target_seconds: float = 0.0  # the first round's, which also evaluates the prompt
     verify_seconds: float = 0.0
+    from_draft: bytearray = field(default_factory=bytearray)
 
     @property
     def acceptance_rate(self) -> float:
@@ -92,8 +94,14 @@ class DecoderStats:
         if stop is not None:
             self.stop_reasons[stop] = self.stop_reasons.get(stop, 0) + 1
 
+    def emit(self, from_draft: bool) -> None:
+        """Count one emitted token and where it came from."""
+        self.emitted += 1
+        self.from_draft.append(1 if from_draft else 0)
+
     def as_dict(self) -> dict:
-        """Plain dict of every count and derived rate (for JSON output)."""
+        """Plain dict of every count and derived rate (for JSON output;
+        provenance goes out per token, as :func:`sources`)."""
         return {
             "rounds": self.rounds, "drafted": self.drafted, "accepted": self.accepted,
             "emitted": self.emitted, "finish_reason": self.finish_reason,
@@ -103,6 +111,12 @@ class DecoderStats:
             "draft_seconds": self.draft_seconds, "target_seconds": self.target_seconds,
             "first_target_seconds": self.first_target_seconds, "verify_seconds": self.verify_seconds,
         }
+
+
+def sources(from_draft: bytes) -> List[str]:
+    """Provenance as the API shows it: ``"draft"`` for a draft token the
+    target accepted, ``"target"`` for one the target produced."""
+    return ["draft" if f else "target" for f in from_draft]
 
 
 class SpeculativeDecoder:
@@ -201,9 +215,9 @@ class SpeculativeDecoder:
             if policy:  # the whole round, timed unless it also evaluated the prompt (the first)
                 policy.update(len(draft.tokens), n, draft.confidence, (t3 - t0) if stats.rounds > 1 else None,
                               draft.first_seconds, draft.catchup)
-            for t in draft.tokens[:n] + [nxt]:
+            for i, t in enumerate(draft.tokens[:n] + [nxt]):
                 prefix.append(t)
-                stats.emitted += 1
+                stats.emit(i < n)
                 yield t
                 if t in stops:
                     stats.finish_reason = "stop"
