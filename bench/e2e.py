@@ -8,11 +8,12 @@ target, Q4_1 good draft, Q2_K poor draft); on a 2-core x86 CI machine the
 Every generation is paired with a target-only generation on the same prompt,
 run right before or after it ("base"); "ratio" is tokens/s over those, and
 "median" the median of the per-pair ratios. "ceiling" is Leviathan et al.'s
-expected speedup at the run's own per-token acceptance and this machine's
-forward costs as the same generations measured them: a draft token, the
-target's batch of K+1 and (from the paired runs) its single token, first
-rounds (which evaluate the prompt) left out; for k=auto, whose rounds mix
-sizes, the best K at the costs calibrated at the start (as a round runs
+expected speedup at the run's own acceptance per draft position and the
+forwards' seconds per round the same generations measured (the draft's and
+the target's at K, the paired runs' at plain decoding), first rounds (which
+evaluate the prompt) left out: specgguf.speed.fixed_k_ceiling, the figure
+`python -m specgguf bench` prints. For k=auto, whose rounds mix sizes, it is
+the best K at the run's per-token acceptance and the costs calibrated at the start (as a round runs
 them: SpeculativeLlama.calibrate) rescaled to the paired runs' single-token
 cost. "eff" = ratio / ceiling: how much of the formula's speedup survives
 everything it leaves out.
@@ -38,7 +39,8 @@ import numpy as np
 
 from specgguf.llama import models
 from specgguf.api import SpeculativeLlama
-from specgguf.engine.policy import CostModel, expected_tokens
+from specgguf.engine.policy import CostModel
+from specgguf.speed import ceiling, fixed_k_ceiling, per_token_acceptance, steady  # the figures `specgguf bench` prints
 
 PROMPTS = [
     "Write a detailed essay about the history of the printing press.",
@@ -53,30 +55,6 @@ COPY_PROMPT = ("Rewrite this Python function with the variable names `data` -> `
                "        total += (x - m) ** 2\n    return total / len(data)\n")
 KEYS = ("seconds", "draft_seconds", "target_seconds", "verify_seconds", "warp_seconds", "overhead_seconds",
         "drafted", "accepted", "rounds", "completion_tokens")
-
-
-def per_token_acceptance(stats_list) -> float:
-    """Accepted / verified draft positions (a rejection ends a round's verified positions)."""
-    acc = sum(s["accepted"] for s in stats_list)
-    verified = sum(min(s["drafted"], s["accepted"] + s["rounds"]) for s in stats_list)
-    return acc / verified if verified else 0.0
-
-
-def rate(k: int, a: float, costs: CostModel) -> float:
-    """The formula's tokens per second at K = k and per-token acceptance ``a``."""
-    return expected_tokens(k, [a] * k)[k] / costs.round_cost(k)
-
-
-def ceiling(costs: CostModel, a: float, k) -> float:
-    """The formula's speedup at acceptance ``a``: at K = k, or the best K for "auto"."""
-    ks = range(9) if k == "auto" else [k]
-    return max(rate(kk, a, costs) for kk in ks) / rate(0, a, costs)
-
-
-def steady(stats_list, key: str) -> float:
-    """Per round, first rounds (with the prompt) left out."""
-    total = sum(s[key] - (s["first_target_seconds"] if key == "target_seconds" else 0) for s in stats_list)
-    return total / max(1, sum(s["rounds"] - 1 for s in stats_list))
 
 
 def run_costs(res, bases, k, calibrated: CostModel) -> CostModel:
@@ -113,7 +91,10 @@ def row(name, res, bases, ratios, costs, k):
     btot = sum(s["completion_tokens"] for s in bases) / sum(s["seconds"] for s in bases)
     tps = total["completion_tokens"] / total["seconds"]
     a = per_token_acceptance(res)
-    ceil = ceiling(run_costs(res, bases, k, costs), a, k) if k != 0 else 1.0
+    if k == "auto":  # rounds of mixed K: the best K at the calibrated costs
+        ceil = ceiling(run_costs(res, bases, k, costs), a, k)
+    else:  # what `specgguf bench` prints for a fixed K
+        ceil = fixed_k_ceiling(res, bases, k) if k else 1.0
     pct = lambda key: 100 * total[key] / total["seconds"]  # noqa: E731
     khist = {}
     for s in res:

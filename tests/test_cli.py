@@ -128,3 +128,33 @@ def test_ctrl_c_exits_130_at_any_moment(delay):
     out, err = p.communicate(timeout=60)
     assert p.returncode == 130, (p.returncode, err[-500:])
     assert b"Traceback" not in err
+
+
+def test_bench_measures_each_k_and_recommends_the_fastest(tmp_path, private_state):
+    """`specgguf bench`: a table row per configuration, the recommended K
+    the fastest fixed row's, a plot, and the user's state left alone."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Write a poem about the sea.\n\nList three colours.\n")
+    png = tmp_path / "k.png"
+    r = cli("bench", "--threads", "2", "--tokens", "12", "--turns", "1", "--ks", "0-2,auto",
+            "--prompts", str(prompts), "--plot", str(png))
+    assert r.returncode == 0, r.stderr
+    rows = {line.split()[0]: line.split() for line in r.stdout.splitlines() if line.split()[:1] in
+            (["0"], ["1"], ["2"], ["auto"])}
+    assert set(rows) == {"0", "1", "2", "auto"} and rows["0"][2] == "1.00x"
+    speeds = {k: float(v[1]) for k, v in rows.items() if k != "auto"}
+    best = max(speeds, key=lambda k: (speeds[k], -int(k)))
+    line = [x for x in r.stdout.splitlines() if x.startswith("recommended:")][0]
+    assert (f"-k {best} " in line) if best != "0" else ("no drafting" in line)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "bench: 8/8 generations" in r.stderr  # progress (4 configurations x 2 prompts), to the end
+    assert not any(private_state.iterdir())  # its learning went to a temporary folder
+    for args, msg in ((["--ks", "0,x"], "--ks"), (["--tokens", "1"], "--tokens")):
+        bad = cli("bench", *args)
+        assert bad.returncode == 2 and msg in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    missing = cli("bench", "--prompts", str(tmp_path / "none.txt"))
+    assert missing.returncode == 1 and "none.txt" in missing.stderr
+    no_plot = subprocess.run([sys.executable, "-c", "import sys; sys.modules['matplotlib'] = None; "
+                              "from specgguf.cli import main; sys.exit(main(['bench', '--plot', 'x.png']))"],
+                             capture_output=True, text=True, env=env(), timeout=120)
+    assert no_plot.returncode == 1 and "pip install 'specgguf[plot]'" in no_plot.stderr  # before any run

@@ -3,6 +3,7 @@
     python -m specgguf [--draft D] [--target T] -p PROMPT     generate
     python -m specgguf serve ...                             OpenAI-compatible server
     python -m specgguf calibrate [--draft D] [--target T]    measure and store this machine's costs
+    python -m specgguf bench [--draft D] [--target T]        which draft length pays here: a table
     python -m specgguf rpc-server [--host H] [--port P]      a worker for --rpc
     python -m specgguf models list | fetch NAME | verify
 
@@ -33,6 +34,7 @@ EPILOG = """\
 other commands (each has --help):
   python -m specgguf serve        an OpenAI-compatible HTTP server
   python -m specgguf calibrate    measure this machine's forward costs once
+  python -m specgguf bench        which draft length pays on this machine (table, --plot)
   python -m specgguf rpc-server   a worker for --rpc (the target over several machines)
   python -m specgguf models list | fetch NAME | verify"""
 
@@ -98,12 +100,12 @@ class Interrupt:
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     commands = {"models": "models_main", "serve": "serve_main", "calibrate": "calibrate_main",
-                "rpc-server": "rpc_server_main"}
+                "bench": "bench_main", "rpc-server": "rpc_server_main"}
     interrupt = Interrupt()
     try:
         if argv[:1] and argv[0] in commands:
             from . import commands as cmd
-            if argv[0] in ("models", "calibrate"):  # C calls that may swallow a KeyboardInterrupt
+            if argv[0] in ("models", "calibrate", "bench"):  # C calls that may swallow a KeyboardInterrupt
                 signal.signal(signal.SIGINT, interrupt)
             return getattr(cmd, commands[argv[0]])(argv[1:])
         return run(build_parser().parse_args(argv), interrupt)

@@ -1,4 +1,4 @@
-"""The CLI's subcommands other than generation: models, calibrate, serve, rpc-server."""
+"""The CLI's subcommands other than generation: models, calibrate, bench, serve, rpc-server."""
 
 from __future__ import annotations
 
@@ -49,6 +49,93 @@ def calibrate_main(argv: List[str]) -> int:
     if out["acceptance"]:
         a = out["acceptance"]
         print(f"acceptance on the fixed text: greedy {a['greedy']:.2f}, sampled at 0.8 {a['sampled']:.2f}")
+    return 0
+
+
+BENCH_DESCRIPTION = """\
+Measure which draft length pays on this machine for a pair: plain decoding
+(K=0), each fixed K and k="auto" (the default) on a few prompts, in turns
+(a different configuration first each turn, so a slow spell of the machine
+falls on all alike), then a table of the median tok/s, each against plain
+decoding, and the formula's ceiling at the acceptance and forward costs the
+same runs measured; and the draft length to use. Every generation reads its
+prompt; tok/s counts what comes after the first token (the prompt's
+evaluation, the same at every K, is left out). The default pair takes about two minutes on a
+2-core x86-64 machine. Learned state goes to a temporary folder: k="auto"
+starts as a new user's does, and nothing stored is changed."""
+
+
+def _ks(text: str) -> list:
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        if part == "auto":
+            out.append("auto")
+        elif "-" in part:
+            lo, hi = (int(x) for x in part.split("-", 1))
+            out.extend(range(lo, hi + 1))
+        else:
+            out.append(int(part))
+    if not out or any(k != "auto" and not 0 <= k <= 16 for k in out):
+        raise ValueError
+    return list(dict.fromkeys(out))
+
+
+def bench_main(argv: List[str]) -> int:
+    import tempfile
+    from . import speed
+    ap = Parser(prog="python -m specgguf bench", description=BENCH_DESCRIPTION,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(ap)
+    ap.add_argument("--prompts", metavar="FILE", help="a text file of prompts, one per line (default: three "
+                    "built-in writing prompts)")
+    ap.add_argument("--no-chat", dest="chat", action="store_false", help="give the prompts as plain text "
+                    "(default: as a user message through the target's chat template)")
+    ap.add_argument("--tokens", type=int, default=64, help="tokens per generation (64)")
+    ap.add_argument("--turns", type=int, default=2, help="times each configuration runs on each prompt (2)")
+    ap.add_argument("--ks", default="0-8,auto", help="configurations: draft lengths 0-16 (0 = plain "
+                    "decoding), ranges and 'auto' (0-8,auto)")
+    ap.add_argument("--temp", type=float, default=0.0, help="temperature (0: greedy); sampling uses top-k 40, "
+                    "top-p 0.95, min-p 0.05")
+    ap.add_argument("--plot", metavar="PNG", help="draw tok/s against K with the ceiling to this file "
+                    "(needs matplotlib: pip install 'specgguf[plot]')")
+    args = ap.parse_args(argv)
+    try:
+        ks = _ks(args.ks)
+    except ValueError:
+        ap.error(f"--ks {args.ks!r}: expected draft lengths 0-16, ranges like 0-8, and 'auto'")
+    if args.tokens < 2 or args.turns < 1:
+        ap.error("--tokens must be >= 2 and --turns >= 1")
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401  (before minutes of runs, not after)
+        except ImportError:
+            raise RuntimeError("--plot needs matplotlib: pip install 'specgguf[plot]'") from None
+    prompts = speed.PROMPTS
+    if args.prompts:
+        with open(args.prompts, encoding="utf-8") as f:
+            prompts = [line.strip() for line in f if line.strip()]
+        if not prompts:
+            raise ValueError(f"--prompts {args.prompts}: no prompt in the file (one per line)")
+    os.environ["SPECGGUF_STATE"] = tempfile.mkdtemp(prefix="specgguf-bench-")
+    llm = load_pair(args)
+    items = [[{"role": "user", "content": p}] if args.chat else p for p in prompts]
+    settings = dict(temperature=args.temp) if args.temp else dict(temperature=0.0)
+    print(f"specgguf bench: target {llm.names[0]}, draft {llm.names[1]}; {len(items)} prompts x {args.tokens} "
+          f"tokens x {args.turns} turn{'s' if args.turns > 1 else ''}; K in {', '.join(map(str, ks))}; "
+          f"temperature {args.temp:g}",
+          file=sys.stderr, flush=True)
+    report = speed.Report.of(speed.measure(llm, items, ks, args.tokens, args.turns, speed.Progress(), **settings))
+    print("\n".join(report.table()))
+    if report.costs is not None:
+        r = report.costs.rounds
+        print(f"measured: acceptance {report.acceptance:.2f} per draft token; forwards per round: "
+              + ", ".join(f"K={k} {t * 1e3:.1f} ms" for k, t in enumerate(r)))
+    print(report.recommendation())
+    if args.plot:
+        report.plot(args.plot, f"{llm.names[0]} + {llm.names[1]}, temperature {args.temp:g}, "
+                               f"{args.tokens} tokens x {len(items)} prompts x {args.turns} turns")
+        print(f"plot: {args.plot}")
     return 0
 
 

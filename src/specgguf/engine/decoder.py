@@ -107,6 +107,7 @@ class DecoderStats:
             "emitted": self.emitted, "finish_reason": self.finish_reason,
             "acceptance_rate": self.acceptance_rate, "mean_accepted": self.mean_accepted,
             "accepted_hist": list(self.accepted_hist), "position_acceptance": self.position_acceptance,
+            "position_drafted": list(self.position_drafted), "position_accepted": list(self.position_accepted),
             "k_hist": dict(sorted(self.k_hist.items())), "stop_reasons": dict(self.stop_reasons),
             "draft_seconds": self.draft_seconds, "target_seconds": self.target_seconds,
             "first_target_seconds": self.first_target_seconds, "verify_seconds": self.verify_seconds,
