@@ -126,9 +126,11 @@ def main(argv) -> int:
     server = Server(llm, args.api_key, args.queue, args.model_id, args.verbose)
     import uvicorn
     origins = [o.strip() for o in args.cors_origins.split(",") if o.strip()]
-    where = ", ".join(_url(h, socks[0].getsockname()[1] if args.port == 0 else args.port) + "/v1" for h in hosts)
+    port = socks[0].getsockname()[1] if args.port == 0 else args.port
+    where = ", ".join(_url(h, port) + "/v1" for h in hosts)
     print(f"specgguf: serving {server.model_id} on {where} with {server.slots} "
-          f"slot{'s' if server.slots > 1 else ''} of {llm.n_ctx} tokens (--parallel, --ctx)", file=sys.stderr,
+          f"slot{'s' if server.slots > 1 else ''} of {llm.n_ctx} tokens (--parallel, --ctx); a chat page at "
+          f"{_url(hosts[0], port)}/", file=sys.stderr,
           flush=True)
     config = uvicorn.Config(create_app(server, origins), access_log=False, timeout_graceful_shutdown=5,
                             log_level="info" if args.verbose else "warning")

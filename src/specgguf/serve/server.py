@@ -1,7 +1,7 @@
 """``python -m specgguf serve``: an OpenAI-compatible HTTP server with exact
 speculative decoding.
 
-Routes: ``GET /health``, ``GET /v1/models``, ``GET /v1/models/{id}``,
+Routes: ``GET /`` (a chat page: :file:`chat.html`), ``GET /health``, ``GET /v1/models``, ``GET /v1/models/{id}``,
 ``POST /v1/completions``, ``POST /v1/chat/completions`` (streaming as
 Server-Sent Events ending with ``data: [DONE]``), each also without ``/v1``
 as llama-server serves them; CORS only for ``--cors-origins``. The command
@@ -18,8 +18,11 @@ moves bytes. A client that disconnects stops its generation within one
 round. With an API key (``--api-key`` or ``$SPECGGUF_API_KEY``) every route
 needs ``Authorization: Bearer KEY`` but ``GET /health``, which answers
 ``{"status": "ok"}`` to anyone, as llama-server's does (liveness probes
-cannot send keys), and adds the model and the queue only for the key. The
-server binds to 127.0.0.1 unless told otherwise.
+cannot send keys), and adds the model and the queue only for the key, and
+``GET /``, the chat page: a browser cannot send a key with a page load,
+and the page holds no data (not even the model's name), only the code that
+asks for the key and sends it with every call. The server binds to
+127.0.0.1 unless told otherwise.
 """
 
 from __future__ import annotations
@@ -169,6 +172,22 @@ async def _health(request):
     return JSONResponse({"status": "ok", "model": server.model_id, "busy": server.pending})
 
 
+_PAGE_HEADERS = {  # the page's own code and styles only; it talks to this server and nowhere else
+    "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+                               "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; "
+                               "frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff", "Cache-Control": "no-cache", "Referrer-Policy": "no-referrer"}
+
+
+async def _page(request):
+    from importlib.resources import files
+    from starlette.responses import HTMLResponse
+    page = request.app.state.page
+    if page is None:
+        page = request.app.state.page = files(__package__).joinpath("chat.html").read_text(encoding="utf-8")
+    return HTMLResponse(page, headers=_PAGE_HEADERS)
+
+
 def _model_card(server: Server) -> dict:
     return {"id": server.model_id, "object": "model", "created": server.created, "owned_by": "specgguf"}
 
@@ -234,7 +253,7 @@ async def _on_error(request, exc: Exception):
 
 def create_app(server: Server, cors_origins: Sequence[str] = ()):
     """The Starlette application over ``server``: every route but ``GET
-    /health`` behind the API key when set; the OpenAI routes under ``/v1``
+    /health`` and the chat page behind the API key when set; the OpenAI routes under ``/v1``
     and, as llama-server serves them, without it; CORS for ``cors_origins``
     only (none by default: a web page elsewhere cannot call the server)."""
     from starlette.applications import Starlette
@@ -246,7 +265,7 @@ def create_app(server: Server, cors_origins: Sequence[str] = ()):
         yield
         server.stopping.set()  # running generations end within a round
 
-    routes = [Route("/health", _health)]
+    routes = [Route("/", _page), Route("/health", _health)]
     for base in ("/v1", ""):
         routes += [Route(f"{base}/models", _models), Route(base + "/models/{name:path}", _model),
                    Route(f"{base}/completions", _completions, methods=["POST"]),
@@ -254,6 +273,7 @@ def create_app(server: Server, cors_origins: Sequence[str] = ()):
     app = Starlette(routes=routes, exception_handlers={HTTPException: _on_http_error, Exception: _on_error},
                     lifespan=lifespan)
     app.state.server = server
+    app.state.page = None  # read from the package on the first GET /
     guarded = _Auth(app, server)
     if not cors_origins:
         return guarded
@@ -263,13 +283,16 @@ def create_app(server: Server, cors_origins: Sequence[str] = ()):
 
 
 class _Auth:
-    """ASGI middleware: every route but ``GET /health`` needs the API key when one is set."""
+    """ASGI middleware: every route but ``GET /health`` and the page needs
+    the API key when one is set (see the module docstring)."""
+
+    OPEN = {("GET", "/health"), ("GET", "/")}
 
     def __init__(self, app, server: Server) -> None:
         self.app, self.server = app, server
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and (scope.get("method"), scope.get("path")) != ("GET", "/health"):
+        if scope["type"] == "http" and (scope.get("method"), scope.get("path")) not in self.OPEN:
             headers = dict(scope.get("headers") or [])
             auth = headers.get(b"authorization")
             if not self.server.authorized(auth.decode("latin-1") if auth else None):
