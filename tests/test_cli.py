@@ -158,3 +158,35 @@ def test_bench_measures_each_k_and_recommends_the_fastest(tmp_path, private_stat
                               "from specgguf.cli import main; sys.exit(main(['bench', '--plot', 'x.png']))"],
                              capture_output=True, text=True, env=env(), timeout=120)
     assert no_plot.returncode == 1 and "pip install 'specgguf[plot]'" in no_plot.stderr  # before any run
+
+
+def test_a_first_hour_without_surprises(tmp_path):
+    """What a new user trips on: each is one clear line, llama.cpp's own
+    warnings stay quiet unless --verbose, and an offline hub model fails at
+    once naming the model and its size."""
+    for args, msg in ((["--prompt-file", str(tmp_path / "none.txt")], "--prompt-file"),
+                      (["--target", str(tmp_path), "-p", "hi"], "is a folder"),
+                      (["--tensor-split", "1", "-p", "hi"], "give rpc too"),
+                      (["--rpc", "127.0.0.1:9,127.0.0.1:10", "--tensor-split", "1,1,1", "-p", "hi"],
+                       "3 shares for 2 rpc workers")):
+        r = cli(*args)
+        assert r.returncode == 1 and msg in r.stderr, (args, r.stderr)
+        assert r.stderr.startswith("specgguf: error:") and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    usage = cli("-k", "40", "-p", "hi")
+    assert usage.returncode == 2 and usage.stderr.startswith("specgguf: error:")  # one prefix for every error
+    assert "0-32" in cli("--help").stdout.replace("\n", " ")
+    listing = cli("models")
+    assert listing.returncode == 0 and all(c in listing.stdout for c in ("list", "fetch", "verify"))
+    assert "``" not in cli("models", "--help").stdout
+    assert "smollm2-135m-f32" in cli("models", "fetch", "--help").stdout
+    t0 = time.time()
+    offline = cli("models", "fetch", "smollm2-1.7b-q4_k_m",
+                  env={"HF_ENDPOINT": "http://127.0.0.1:9", "SPECGGUF_CACHE": str(tmp_path / "cache")})
+    assert offline.returncode == 1 and time.time() - t0 < 15
+    assert "smollm2-1.7b-q4_k_m" in offline.stderr and "MiB" in offline.stderr and "cannot be reached" in offline.stderr
+    assert len(offline.stderr.strip().splitlines()) == 1, offline.stderr
+    quiet = cli("--ctx", "100000", "--chat", "-p", "hi", "-n", "2", "--threads", "2")
+    assert quiet.returncode == 0 and "n_ctx_seq" not in quiet.stderr, quiet.stderr
+    loud = cli("--ctx", "100000", "--chat", "-p", "hi", "-n", "2", "--threads", "2", "--verbose")
+    assert "n_ctx_seq" in loud.stderr
+    assert "identifying" not in cli("models", "verify").stderr

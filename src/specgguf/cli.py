@@ -64,8 +64,11 @@ def read_prompt(args: argparse.Namespace) -> str:
     if args.prompt is not None:
         return args.prompt
     if args.prompt_file:
-        with open(args.prompt_file, "rb") as f:
-            data, source = f.read(), args.prompt_file
+        try:
+            with open(args.prompt_file, "rb") as f:
+                data, source = f.read(), args.prompt_file
+        except OSError as e:
+            raise OSError(f"--prompt-file {args.prompt_file}: {e.strerror.lower()}") from None
     elif not sys.stdin.isatty():
         data, source = sys.stdin.buffer.read(), "stdin"
     else:

@@ -13,14 +13,21 @@ from .engine.policy import CostModel
 
 def models_main(argv: List[str]) -> int:
     from .llama import models
-    ap = Parser(prog="python -m specgguf models", description=models.__doc__,
+    entries, pairs = models.load_lock()
+    names = ", ".join(list(entries) + [p for p in pairs if p not in entries])
+    ap = Parser(prog="python -m specgguf models", description=models.__doc__.replace("``", "'"),
                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=Parser)
-    sub.add_parser("list", help="list the pinned models and pairs, and how each is pinned")
-    f = sub.add_parser("fetch", help="fetch models by name, or both models of a pair (e.g. 'default')")
-    f.add_argument("name", nargs="+")
-    sub.add_parser("verify", help="re-hash every fetched file against its pin")
+    what = {"list": "list the pinned models and pairs, and how each is pinned",
+            "fetch": "fetch models by name, or both models of a pair (e.g. 'default')",
+            "verify": "re-hash every fetched file against its pin"}
+    sub = ap.add_subparsers(dest="cmd", parser_class=Parser, metavar="{list,fetch,verify}")
+    parsers = {name: sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
+               for name, text in what.items()}
+    parsers["fetch"].add_argument("name", nargs="+", help=f"a model or a pair: {names}")
     args = ap.parse_args(argv)
+    if args.cmd is None:  # `models` alone: what it can do
+        print(ap.format_usage() + "\n" + "\n".join(f"  {name:8} {text}" for name, text in what.items()))
+        return 0
     if args.cmd == "list":
         print("\n".join(models.list_lines()))
     elif args.cmd == "fetch":

@@ -16,7 +16,7 @@ class Parser(argparse.ArgumentParser):
     """argparse with one-line errors (the usage block is in --help)."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        self.exit(2, f"specgguf: error: {message} (see {self.prog} --help)\n")
 
 
 def _number(kind, low, high=None):
@@ -68,9 +68,9 @@ def add_generation_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--top-p", type=_number(float, 0.0, 1.0), default=0.95, help="top-p (0.95)")
     ap.add_argument("--min-p", type=_number(float, 0.0, 1.0), default=0.05, help="min-p (0.05)")
     ap.add_argument("-k", "--draft-max", type=_auto_or(_number(int, 0, 32)), default="auto",
-                    help="draft tokens per round, 0 = plain target decoding, or 'auto': chosen each "
-                    "round from live acceptance and measured costs, backing off to 0 when drafting "
-                    "does not pay (auto)")
+                    help="draft tokens per round, 0-32 (0 = plain target decoding), or 'auto': chosen "
+                    "each round, 0-8, from live acceptance and measured costs, backing off to 0 when "
+                    "drafting does not pay (auto; `python -m specgguf bench` measures which K pays here)")
     ap.add_argument("--p-min", type=_auto_or(_number(float, 0.0, 1.0)), default=None,
                     help="stop drafting when the draft's confidence in its next token is below this "
                     "(a number in [0, 1], or 'auto' to learn it; default: off)")

@@ -186,13 +186,13 @@ def content_id(path: Path) -> str:
     return f"{size}:{h.hexdigest()}"
 
 
-def sha256_of(path: Path) -> str:
-    """The sha256 of a file, with a line on stderr when it takes a while."""
+def sha256_of(path: Path, quiet: bool = False) -> str:
+    """The sha256 of a file, with a line on stderr when it takes a while
+    (unless ``quiet``: ``models verify``, whose whole job it is)."""
     path = Path(path)
     size = path.stat().st_size
-    if size > 256 << 20:  # a second or more: say why there is a pause
-        print(f"specgguf: identifying {path.name} by its sha256 ({size >> 20} MiB, once per file)",
-              file=sys.stderr, flush=True)
+    if size > 256 << 20 and not quiet:  # a second or more: say why there is a pause
+        print(f"specgguf: checking the sha256 of {path.name} ({size >> 20} MiB)", file=sys.stderr, flush=True)
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):

@@ -17,6 +17,7 @@ import ctypes
 import hashlib
 import os
 import platform
+import sys
 import threading
 import time
 from pathlib import Path
@@ -48,6 +49,30 @@ def check_gguf(path: Path) -> None:
     check_header(path)
 
 
+_LOG_ERROR, _LOG_CONT = 4, 5  # ggml_log_level in the llama.cpp llama-cpp-python 0.3.x vendors
+_log_state = {"verbose": False, "last_shown": False}
+
+
+@llama_cpp.llama_log_callback
+def _log_callback(level: int, text: bytes, user_data) -> None:
+    shown = _log_state["verbose"] or level == _LOG_ERROR or (level == _LOG_CONT and _log_state["last_shown"])
+    if level != _LOG_CONT:
+        _log_state["last_shown"] = shown
+    if shown:
+        sys.stderr.write(text.decode("utf-8", "replace"))
+        sys.stderr.flush()
+
+
+def set_llama_logs(verbose: bool) -> None:
+    """llama.cpp's own log lines: all of them with ``verbose``, else its
+    errors only. llama-cpp-python's filter maps ggml's levels from an older
+    enum (its WARN reads as ERROR), so with ``verbose=False`` warnings such
+    as ``n_ctx_seq (100096) > n_ctx_train (8192)`` were printed, once per
+    model, and llama.cpp's errors were not."""
+    _log_state["verbose"] = bool(verbose)
+    llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+
+
 def load_llama(path: Path, n_ctx: int = 2048, n_threads: Optional[int] = None, verbose: bool = False,
                flash_attn: bool = True, **params) -> "llama_cpp.Llama":
     """A ``Llama`` for ``path`` with specgguf's defaults: every core (llama-cpp-python
@@ -61,6 +86,7 @@ def load_llama(path: Path, n_ctx: int = 2048, n_threads: Optional[int] = None, v
         raise ValueError(f"the context window must be at least {MIN_CTX} tokens (llama.cpp raises "
                          f"smaller ones to {MIN_CTX}), got {n_ctx}")
     check_gguf(path)
+    set_llama_logs(verbose)
     threads = n_threads or os.cpu_count() or 1
     try:
         return llama_cpp.Llama(str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,

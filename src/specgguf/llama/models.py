@@ -62,6 +62,12 @@ class ModelEntry:
     ftype: int = -1
     repo: str = ""
     revision: str = ""
+    approx_mib: Optional[int] = None  # a download's size, said before it starts
+
+    def what(self) -> str:
+        """``name (file, about N MiB)``: how messages name the entry."""
+        size = f", about {self.approx_mib} MiB" if self.approx_mib else (f", {self.size >> 20} MiB" if self.size else "")
+        return f"{self.name} ({self.file}{size})"
 
     @property
     def verified(self) -> bool:
@@ -225,12 +231,38 @@ def _produce(entry: ModelEntry, entries, tmp: Path, hub_download) -> Optional[di
     return None
 
 
+def _hub_reachable(entry: ModelEntry) -> None:
+    """A one-line error within seconds when the hub cannot be reached (the
+    hub client itself retried for 23 s here, in eleven lines, and its error
+    named no model). ``HF_HUB_OFFLINE=1`` is left to the hub client: its
+    cache may hold the file."""
+    from urllib.parse import urlparse
+    import socket
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=5).close()
+    except OSError as e:
+        raise RuntimeError(f"{entry.what()} is downloaded from {host}, which cannot be reached ({e}); fetch it "
+                           f"when online (python -m specgguf models fetch {entry.name}), or give a GGUF file's "
+                           "path instead") from None
+
+
 def _fetch_hub(entry: ModelEntry, tmp: Path, hub_download) -> Optional[dict]:
     if hub_download is None:
         from huggingface_hub import hf_hub_download as hub_download  # imported only when needed
+        _hub_reachable(entry)
     record = None if entry.verified else trusted(entry)
     revision = record["revision"] if record else entry.revision
-    got = Path(hub_download(entry.repo, entry.member or entry.file, revision=revision))
+    _log(f"downloading {entry.what()} from {entry.repo} (once; kept in {cache_dir()})")
+    try:
+        got = Path(hub_download(entry.repo, entry.member or entry.file, revision=revision))
+    except Exception as e:  # the hub client's errors run to many lines and name no model
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise RuntimeError(f"downloading {entry.what()} from {entry.repo} failed: {type(e).__name__}: "
+                           f"{first}") from None
     shutil.copyfile(got, tmp)
     if entry.verified or record:
         return None
@@ -272,6 +304,8 @@ def _derive(parent: Path, ftype: int, out: Path) -> None:
 def resolve_model(spec: str, lock: Path = LOCK_PATH) -> Path:
     """A path to an existing file, or a lock entry name (fetched if needed)."""
     p = Path(spec).expanduser()
+    if p.is_dir():
+        raise ValueError(f"{spec} is a folder: give a GGUF file's path, or a model name from models.lock")
     if p.exists():
         return p
     entries, _ = load_lock(lock)
@@ -327,6 +361,6 @@ def verify_all(lock: Path = LOCK_PATH) -> List[str]:
         elif want is None:
             lines.append(f"{e.name}: present, UNPINNED (no sha256 in the lock, no first-fetch record)")
         else:
-            ok = sha256_of(p) == want
+            ok = sha256_of(p, quiet=True) == want
             lines.append(f"{e.name}: {'ok' if ok else 'MISMATCH'} (pinned by {kind})")
     return lines

@@ -54,8 +54,24 @@ class _Loader:
 
     def model(self, llm, path: Path, width: int, remote: bool):
         if remote and self.workers:
-            return RemoteModel(path, self.workers, llm, self.n_ctx, self.n_threads, width, self.split)
+            return RemoteModel(path, self.workers, llm, self.n_ctx, self.n_threads, width, self.split, self.verbose)
         return LlamaModel(llm, width, self.slots, self.n_ctx)
+
+
+def check_split(split: Optional[Sequence[float]], workers) -> None:
+    """ValueError unless ``split`` gives each rpc worker a share (at most one
+    per worker, none negative, not all zero)."""
+    if split is None:
+        return
+    shares = [float(x) for x in split]
+    if not workers:
+        raise ValueError("tensor_split (--tensor-split) shares the target's layers among rpc workers: give rpc too")
+    n = len(workers.endpoints)
+    if len(shares) > n:
+        raise ValueError(f"tensor_split has {len(shares)} shares for {n} rpc worker{'s' if n > 1 else ''}: "
+                         "give at most one per worker")
+    if any(not x >= 0 for x in shares) or not any(shares):
+        raise ValueError(f"tensor_split shares must be >= 0 and not all 0, got {shares}")
 
 
 class ModelPair:
@@ -77,6 +93,7 @@ class ModelPair:
         if workers and self.slots > 1:
             raise ValueError("parallel > 1 (serve --parallel) does not work with rpc workers yet: "
                              "use parallel=1 with rpc")
+        check_split(tensor_split, workers)
         if workers:
             workers.check()  # an unreachable or mismatched worker, named, before anything loads
         load = _Loader(n_ctx, n_threads, verbose, workers, tensor_split, flash_attn, self.slots)

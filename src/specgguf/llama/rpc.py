@@ -170,10 +170,12 @@ class RemoteModel:
         n_ctx, n_threads: the context window and the local threads.
         n_vocab: width of the logit rows returned (>= the model's own vocab).
         tensor_split: share of layers per worker (None: by free memory).
+        verbose: let llama.cpp log in the child (else its errors only).
     """
 
     def __init__(self, path: Path, workers: Workers, vocab_llm, n_ctx: int, n_threads: int,
-                 n_vocab: Optional[int] = None, tensor_split: Optional[Sequence[float]] = None) -> None:
+                 n_vocab: Optional[int] = None, tensor_split: Optional[Sequence[float]] = None,
+                 verbose: bool = False) -> None:
         import llama_cpp
         self.llm, self.workers = vocab_llm, workers
         self.vocab = llama_cpp.llama_model_get_vocab(vocab_llm.model)
@@ -183,7 +185,8 @@ class RemoteModel:
         self.seconds = 0.0
         self.dead: Optional[str] = None
         self._start(dict(path=str(path), endpoints=[str(e) for e in workers.endpoints], n_ctx=n_ctx,
-                         n_threads=n_threads, n_vocab=self.n_vocab, tensor_split=list(tensor_split or [])))
+                         n_threads=n_threads, n_vocab=self.n_vocab, tensor_split=list(tensor_split or []),
+                         verbose=verbose))
 
     def _start(self, spec: dict) -> None:
         parent, child = socket.socketpair()
@@ -304,7 +307,7 @@ def _load_on_workers(path: str, endpoints: List[str], n_ctx: int, n_threads: int
 
 
 def _child_main(fd: int) -> None:
-    from .model import LlamaModel
+    from .model import LlamaModel, set_llama_logs
     conn = Connection(fd)
     model = None
     while True:
@@ -314,6 +317,7 @@ def _child_main(fd: int) -> None:
             return
         try:
             if kind == "load":
+                set_llama_logs(arg.get("verbose", False))
                 handle, _keep = _load_on_workers(arg["path"], arg["endpoints"], arg["n_ctx"], arg["n_threads"],
                                                  arg["tensor_split"])
                 model = LlamaModel(handle, arg["n_vocab"])
