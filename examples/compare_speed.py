@@ -1,27 +1,31 @@
-"""Speculative vs target-only on the default pair: speed and acceptance.
+"""Speculative against target-only decoding on the default pair, in Python:
+the measurement `python -m specgguf bench` makes, through specgguf.speed.
 
-    .venv/bin/python examples/compare_speed.py [--temp 0.8]
+One generation per configuration is not a measurement on a small machine
+(identical runs differ by 10-20%): each configuration runs on each prompt
+once per turn, in a different order each turn, and the table shows medians.
+
+    .venv/bin/python examples/compare_speed.py [--temp 0.8] [-n 64] [--turns 3]
 """
 
 import argparse
+import os
+import tempfile
 
-from specgguf import SpeculativeLlama, models
+os.environ.setdefault("SPECGGUF_STATE", tempfile.mkdtemp())  # k="auto" starts as a new user's, stores nothing
+
+from specgguf import SpeculativeLlama, speed  # noqa: E402
+from specgguf.llama import models  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--temp", type=float, default=0.0)
-ap.add_argument("-n", type=int, default=96)
+ap.add_argument("-n", type=int, default=64)
+ap.add_argument("--turns", type=int, default=3)
 args = ap.parse_args()
 
-target, draft = models.default_pair()
-llm = SpeculativeLlama(target, draft)
-msgs = [{"role": "user", "content": "Write a detailed essay about the history of the printing press."}]
-llm.generate(msgs, chat=True, max_tokens=16)  # warm-up: page in both models
-for k in (0, 2, 4, "auto"):
-    r = llm.generate(msgs, chat=True, max_tokens=args.n, k=k, temperature=args.temp, seed=0)
-    s = r.stats
-    label = "target only" if k == 0 else f"speculative k={k}"
-    if k == "auto":
-        label += f" {s['k_hist']}"
-    print(f"{label:16} {s['tokens_per_second']:6.1f} tok/s  acceptance {s['acceptance_rate']:.2f}  "
-          f"mean accepted {s['mean_accepted']:.2f}  draft {s['draft_seconds']:.2f} s  "
-          f"target {s['target_seconds']:.2f} s")
+llm = SpeculativeLlama(*models.default_pair())
+prompts = [[{"role": "user", "content": p}] for p in speed.PROMPTS]
+runs = speed.measure(llm, prompts, [0, 2, 4, "auto"], args.n, args.turns, speed.Progress(), temperature=args.temp)
+report = speed.Report.of(runs)
+print("\n".join(report.table()))
+print(report.recommendation())

@@ -6,7 +6,8 @@
 
 import sys
 
-from specgguf import SpeculativeLlama, models
+from specgguf import SpeculativeLlama
+from specgguf.llama import models
 
 target, draft = models.default_pair()
 llm = SpeculativeLlama(target, draft)

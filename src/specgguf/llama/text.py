@@ -73,10 +73,14 @@ class PromptEncoder:
     def encode(self, prompt: Prompt, chat: bool = False) -> List[int]:
         """Text (BOS added as the model specifies), token ids (checked), or with
         ``chat=True`` (or given messages) role/content messages rendered by the
-        GGUF's chat template. An empty result is an error."""
+        GGUF's chat template; a string with ``chat=True`` is one user message,
+        as the CLI's ``--chat`` makes it. An empty result is an error."""
+        if chat and isinstance(prompt, str):
+            prompt = [{"role": "user", "content": prompt}]
         if chat or is_messages(prompt):
             if chat and not is_messages(prompt) and not isinstance(prompt, (list, tuple)):
-                raise TypeError("chat=True takes a list of {'role': ..., 'content': ...} messages")
+                raise TypeError("chat=True takes a string (one user message) or a list of "
+                                "{'role': ..., 'content': ...} messages")
             text = self.chat_template()(messages=check_messages(prompt)).prompt
             ids = self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
         elif isinstance(prompt, str):
