@@ -91,6 +91,7 @@ def test_chat_and_completion_through_the_openai_client(client):
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
     spec = r.model_extra["speculation"]
     assert {"drafted", "accepted", "acceptance_rate", "rounds", "k_chosen"} <= set(spec)
+    assert "plain decoding" in spec["why"]  # k="auto" says why it drafted as it did (the engine's slots)
     c = client.completions.create(model="x", prompt="The capital of France is", max_tokens=8, temperature=0)
     assert c.object == "text_completion" and c.choices[0].text and c.usage.completion_tokens <= 8
 

@@ -230,7 +230,9 @@ class SpeculativeLlama(CompletionMethods):
         out = self._text(config)
         produced: List[int] = []
         yield from self._decode(iter(ticket), out, should_stop, produced, True, sampler, ticket.stats)
-        yield self._result(ticket, out, produced[:out.n_tokens()], len(ids), time.perf_counter() - t0, before)
+        result = self._result(ticket, out, produced[:out.n_tokens()], len(ids), time.perf_counter() - t0, before)
+        result.stats["why"] = self.engine.explain(config.regime) if config.k == "auto" else None
+        yield result
 
     def _budget(self, ids: List[int], config: GenerationConfig) -> int:
         """Tokens this generation may emit: max_tokens, within the context window."""

@@ -147,6 +147,11 @@ class Engine:
             self.cond.notify()
         return ticket
 
+    def explain(self, regime: str) -> str:
+        """The policy's one line on drafting in ``regime`` (see :meth:`BatchPolicy.explain`)."""
+        with self.cond:
+            return self.policy.explain(regime)
+
     def wake(self) -> None:
         with self.cond:
             self.cond.notify()

@@ -187,6 +187,27 @@ class BatchPolicy:
                 best[i] = max(range(s.cap + 1), key=lambda k: score(best[:i] + [k] + best[i + 1:]))
         return best
 
+    def explain(self, regime: str) -> str:
+        """One line on what a slot of ``regime`` would draft in a steady
+        round on its own, and what that rests on (other slots' load shrinks
+        K further: see :meth:`choose`)."""
+        if not self.target.known:
+            return "no forward timed yet"
+        self.estimate(regime)
+        lone = SlotView(regime, self.k_max, False, 1, 1, self.HORIZON * self.k_max)
+        g = self._gains(lone, False)
+        lines = self.lines()
+        r = [g[k] / max(self.seconds([lone], [k], [g], lines), 1e-9) for k in range(self.k_max + 1)]
+        best = max(range(1, self.k_max + 1), key=lambda k: (r[k], -k))
+        head = (f"K={best} is predicted at {r[best] / r[0]:.2f}x plain decoding" if r[best] > r[0] else
+                f"drafting off: the best draft length, K={best}, is predicted at {r[best] / r[0]:.2f}x plain decoding")
+        acc, ver = self.acceptance[regime].totals()
+        known = f"draft acceptance {acc / ver:.2f} over {ver:.0f} positions" if ver else "no acceptance known yet"
+        costs = "draft forwards timed" if self.draft.known else "the draft's cost guessed (no draft forward timed yet)"
+        ks = " ".join(f"{k}:{r[k] / r[0]:.2f}" for k in range(1, self.k_max + 1))
+        return (f"{head} for a request alone (K {ks}); {known}; costs from this engine's forwards ({costs}); "
+                "other requests in the same rounds shrink K")
+
     def observe_round(self, target_tokens: int, target_seconds: float, draft_forwards: Sequence[tuple],
                       rows: int, other_seconds: float) -> None:
         """One round's measured pieces: the target's forward over
