@@ -56,12 +56,15 @@ def test_runs_the_default_pair_with_json_and_stats():
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert len(out["tokens"]) <= 8 and out["stats"]["rounds"] >= 1
+    assert len(out["sources"]) == len(out["tokens"]) and set(out["sources"]) <= {"draft", "target"}
     r = cli("--chat", "-p", PROMPTS[1], "-n", "24", "--stats", "--threads", "2")
     assert r.returncode == 0, r.stderr
     line = next(x for x in r.stderr.splitlines() if " tok/s" in x)
     n, seconds, rate = line.split()[1], line.split()[4], line.split("(")[1].split()[0]
     # The count beside tokens/s is what was generated (no end token), and they agree.
     assert int(n) <= 24 and abs(int(n) / float(seconds) - float(rate)) < 0.15 * float(rate) + 0.2
+    assert "after the first token" in line
+    assert "specgguf: k=auto: " in r.stderr and "plain decoding" in r.stderr  # why it drafted as it did
 
 
 def test_ngram_draft_and_stop_strings():
