@@ -83,7 +83,7 @@ def test_parallel_is_checked_where_it_is_given(session_state):
 
 def diverge_at_a_near_tie(one, prompt, alone, got, settings, tie=0.01):
     """True if ``got`` equals ``alone``, or leaves it where the seeded race
-    was a near-tie: llama.cpp's forward is not batch-invariant (a row's
+    (greedy: the two best logits) was a near-tie: llama.cpp's forward is not batch-invariant (a row's
     logits move by ~1e-3 with what shares its forward, its f16 KV cache
     included), so a race whose two best tokens are within ``tie`` of each
     other may go either way, and so may a token within a hair of the
@@ -99,6 +99,9 @@ def diverge_at_a_near_tie(one, prompt, alone, got, settings, tie=0.01):
     ids = one.tokenize(prompt, chat=True)
     c = GenerationConfig.from_kwargs(None, **settings)
     logits = one.pair.target.model.eval(ids + alone[:i], 1)
+    if c.greedy:  # the two best logits nearly tied, and they are the two tokens
+        top = np.argsort(logits[0])[::-1][:2]
+        return set(int(t) for t in top) == {alone[i], got[i]} and logits[0][top[0]] - logits[0][top[1]] < tie
 
     def race(row):
         return sorted((-math.log(race_uniform(c.seed, i, int(t))) / float(row[t]), int(t))
@@ -121,10 +124,10 @@ def test_requests_together_equal_each_alone(pairs, settings):
     together = many.generate_many(prompts, **kw)  # 4 prompts over 3 slots: one waits for a free slot
     fixed = many.generate_many(prompts, k=2, **kw)  # and at a fixed K
     assert all(set(r.stats["k_hist"]) <= {0, 1, 2} for r in fixed)
-    if not settings.get("seed"):
-        assert [r.tokens for r in together] == [r.tokens for r in alone]
-        assert [r.text for r in together] == [r.text for r in alone]
-        assert [r.tokens for r in fixed] == [r.tokens for r in alone]
+    if not settings.get("seed"):  # greedy: token for token, up to a near-tie of the two best logits
+        for runs in (together, fixed):
+            for p, a, g in zip(prompts, alone, runs):
+                assert diverge_at_a_near_tie(one, p, a.tokens, g.tokens, settings), (a.text, g.text)
         return
     assert {r.stats["verification"] for r in together} == {"invariant"}
     for runs in (together, fixed):
@@ -136,15 +139,26 @@ def test_requests_together_equal_each_alone(pairs, settings):
 
 
 def test_streams_interleave_and_join_into_each_text(pairs):
+    """Each request's streamed pieces join into that same request's text and
+    sources. (Within one call: across two calls the rounds follow the clock,
+    and a greedy near-tie can go either way with what shares a forward, as
+    once in CI: "the 10th" / "the Ming dynasty"; equality with each prompt
+    alone is judged, near-ties allowed, by the test above.)"""
+    from specgguf.api import GenerationResult, merge
     many, _ = pairs
     prompts = [chat(p) for p in PROMPTS]
-    whole = many.generate_many(prompts, max_tokens=40)
-    pieces = {}
-    order = []
-    for i, piece in many.generate_many(prompts, max_tokens=40, stream=True):
-        pieces[i] = pieces.get(i, "") + piece
+    runs = [many.run(p, max_tokens=40) for p in prompts]
+    pieces, sources, results, order = {}, {}, {}, []
+    for i, item in merge(runs, many.pair.slots):
+        if isinstance(item, GenerationResult):
+            results[i] = item
+            continue
+        pieces[i] = pieces.get(i, "") + item
+        sources.setdefault(i, []).extend(item.sources)
         order.append(i)
-    assert [pieces.get(i, "") for i in range(len(prompts))] == [r.text for r in whole]
+    assert sorted(results) == list(range(len(prompts)))
+    for i, r in results.items():
+        assert pieces.get(i, "") == r.text and sources.get(i, []) == r.sources
     # They ran together, not one after another: another request's first piece
     # came before request 0's last (a round hands out a slot's K+1 tokens at
     # once, so the first few pieces may all be one request's).
