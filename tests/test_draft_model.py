@@ -49,6 +49,7 @@ def test_greedy_output_is_the_llama_without_a_draft(pair):
     s = draft.stats
     assert s["calls"] > 0 and s["drafted"] > 0 and s["accepted"] > 0  # it really drafted
     assert 0 < s["acceptance_rate"] <= 1 and sum(s["k_chosen"].values()) == s["calls"]
+    assert (s["why"] is None) == (draft.k != "auto") and (s["why"] is None or "plain decoding" in s["why"])
 
 
 def test_streaming_and_reuse_across_prompts(pair):

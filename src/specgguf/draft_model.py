@@ -105,10 +105,14 @@ class DraftModel(LlamaDraftModel):
 
     @property
     def stats(self) -> dict:
-        """calls, drafted, accepted, acceptance_rate, k_chosen (K: calls), draft_seconds."""
+        """calls, drafted, accepted, acceptance_rate, k_chosen (K: calls),
+        draft_seconds, and ``why`` (k="auto": the K it would draft now, its
+        predicted speed against plain decoding and what that rests on; a
+        fixed K: None)."""
         s = dict(self._stats)
         s["acceptance_rate"] = s["accepted"] / s["drafted"] if s["drafted"] else 0.0
         s["k_chosen"] = dict(sorted(s.pop("k_hist").items()))
+        s["why"] = self.policy.explain() if self.policy is not None else None
         return s
 
     def check(self, target: "llama_cpp.Llama") -> None:
