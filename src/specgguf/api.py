@@ -288,8 +288,8 @@ class SpeculativeLlama(CompletionMethods):
         stats = dec.stats.as_dict()
         after_first = seconds - stats["first_target_seconds"]  # the first round also read the prompt
         stats.update(decode_tokens_per_second=(n - 1) / after_first if n > 1 and after_first > 0 else 0.0,
-                     context_full=out.finish_reason == "length" and n_prompt + dec.stats.emitted >= self.n_ctx)
-        stats.update(tokens_per_second=n / seconds if seconds else 0.0, seconds=seconds, completion_tokens=n,
+                     context_full=out.finish_reason == "length" and n_prompt + dec.stats.emitted >= self.n_ctx,
+                     tokens_per_second=n / seconds if seconds else 0.0, seconds=seconds, completion_tokens=n,
                      forward_seconds=forwards, warp_seconds=warp, overhead_seconds=seconds - forwards,
                      prompt_tokens=n_prompt, finish_reason=out.finish_reason, verification=dec.sampler.rule)
         lp = dec.sampler.logprobs

@@ -114,10 +114,7 @@ def bench_main(argv: List[str]) -> int:
     if args.tokens < 2 or args.turns < 1:
         ap.error("--tokens must be >= 2 and --turns >= 1")
     if args.plot:
-        try:
-            import matplotlib  # noqa: F401  (before minutes of runs, not after)
-        except ImportError:
-            raise RuntimeError("--plot needs matplotlib: pip install 'specgguf[plot]'") from None
+        speed.pyplot()  # before minutes of runs, not after
     prompts = speed.PROMPTS
     if args.prompts:
         with open(args.prompts, encoding="utf-8") as f:
@@ -127,17 +124,16 @@ def bench_main(argv: List[str]) -> int:
     os.environ["SPECGGUF_STATE"] = tempfile.mkdtemp(prefix="specgguf-bench-")
     llm = load_pair(args)
     items = [[{"role": "user", "content": p}] if args.chat else p for p in prompts]
-    settings = dict(temperature=args.temp) if args.temp else dict(temperature=0.0)
     print(f"specgguf bench: target {llm.names[0]}, draft {llm.names[1]}; {len(items)} prompts x {args.tokens} "
           f"tokens x {args.turns} turn{'s' if args.turns > 1 else ''}; K in {', '.join(map(str, ks))}; "
           f"temperature {args.temp:g}",
           file=sys.stderr, flush=True)
-    report = speed.Report.of(speed.measure(llm, items, ks, args.tokens, args.turns, speed.Progress(), **settings))
+    report = speed.Report.of(speed.measure(llm, items, ks, args.tokens, args.turns, speed.Progress(),
+                                              temperature=args.temp))
     print("\n".join(report.table()))
-    if report.costs is not None:
-        r = report.costs.rounds
+    if report.forwards:
         print(f"measured: acceptance {report.acceptance:.2f} per draft token; forwards per round: "
-              + ", ".join(f"K={k} {t * 1e3:.1f} ms" for k, t in enumerate(r)))
+              + ", ".join(f"K={k} {t * 1e3:.1f} ms" for k, t in sorted(report.forwards.items())))
     print(report.recommendation())
     if args.plot:
         report.plot(args.plot, f"{llm.names[0]} + {llm.names[1]}, temperature {args.temp:g}, "

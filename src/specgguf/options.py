@@ -138,14 +138,20 @@ def config_from_args(args: argparse.Namespace):
                             grammar=_grammar(args))
 
 
-def load_pair(args: argparse.Namespace, **kw):
-    """The SpeculativeLlama the model options ask for (default pair filled in)."""
-    from .llama import models
-    from .api import SpeculativeLlama
+def pair_names(args: argparse.Namespace) -> tuple:
+    """``(target, draft)`` the model options name, the default pair filling in what they leave out."""
     target, draft = args.target, args.draft
     if target is None or draft is None:
+        from .llama import models
         dt, dd = models.default_pair()
         target, draft = target or dt, draft or dd
+    return target, draft
+
+
+def load_pair(args: argparse.Namespace, **kw):
+    """The SpeculativeLlama the model options ask for (default pair filled in)."""
+    from .api import SpeculativeLlama
+    target, draft = pair_names(args)
     split = [float(x) for x in args.tensor_split.split(",")] if args.tensor_split else None
     return SpeculativeLlama(target, draft, ngram=args.ngram, n_ctx=args.ctx, n_threads=args.threads,
                             flash_attn=args.flash_attn,

@@ -86,23 +86,16 @@ def steady(stats_list: Sequence[dict], key: str) -> float:
     return total / max(1, sum(s["rounds"] - 1 for s in stats_list))
 
 
-def measured_costs(runs: Dict[K, "Runs"]) -> Optional[CostModel]:
-    """The forwards' seconds per round these runs measured, per fixed K:
-    plain decoding's target token, and at each K the draft's forwards plus
-    the target's batch of K + 1, first rounds (the prompt) left out; a K not
-    run lies on the line through its neighbours. None without a plain row."""
-    fixed = {k: r for k, r in runs.items() if k != "auto"}
-    if 0 not in fixed:
-        return None
-    per = {k: forwards_per_round(r.stats) for k, r in fixed.items()}
-    rounds = [per[0]]
-    for k in range(1, max(fixed) + 1):
-        if k in per:
-            rounds.append(per[k])
-        else:
-            nxt = min(j for j in per if j > k)
-            rounds.append(rounds[-1] + (per[nxt] - rounds[-1]) / (nxt - k + 1))
-    return CostModel(target=[per[0]], seconds=True, rounds=rounds)
+def pyplot():
+    """matplotlib's pyplot on a file-only backend, or RuntimeError saying what to install."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise RuntimeError("--plot needs matplotlib: pip install 'specgguf[plot]' "
+                           "(or pip install matplotlib)") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
 
 
 @dataclass
@@ -165,7 +158,7 @@ class Report:
 
     runs: Dict[K, Runs]
     acceptance: float
-    costs: Optional[CostModel]
+    forwards: Dict[int, float]  # per fixed K: the forwards' seconds per round (:func:`forwards_per_round`)
     noise: float  # plain decoding's spread over turns, relative: (max - min) / median
 
     @classmethod
@@ -173,7 +166,8 @@ class Report:
         drafting = [s for k, r in runs.items() if k != "auto" and k for s in r.stats]
         plain = runs[0].per_turn if 0 in runs else []
         noise = (max(plain) - min(plain)) / statistics.median(plain) if len(plain) > 1 else 0.0
-        return cls(runs, per_token_acceptance(drafting), measured_costs(runs), noise)
+        forwards = {k: forwards_per_round(r.stats) for k, r in runs.items() if k != "auto"}
+        return cls(runs, per_token_acceptance(drafting), forwards, noise)
 
     def plain(self) -> float:
         return self.runs[0].tokens_per_second
@@ -221,20 +215,14 @@ class Report:
     def plot(self, path: str, title: str) -> None:
         """tok/s against K (each turn's figure and the median), plain decoding
         and k="auto" as lines, and the formula's ceiling; needs matplotlib."""
-        try:
-            import matplotlib
-        except ImportError:
-            raise RuntimeError("--plot needs matplotlib: pip install 'specgguf[plot]' "
-                               "(or pip install matplotlib)") from None
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
         fixed = sorted(k for k in self.runs if k != "auto")
         fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
         for k in fixed:
             ax.scatter([k] * len(self.runs[k].per_turn), self.runs[k].per_turn, color="0.7", s=12, zorder=2)
         ax.plot(fixed, [self.runs[k].tokens_per_second for k in fixed], "o-", color="C0", zorder=3,
                 label="fixed K (median over turns; grey: each turn)")
-        if self.costs is not None:
+        if 0 in self.runs:
             ax.plot(fixed, [self.ceiling_tps(k) for k in fixed], "--", color="C3",
                     label="formula's ceiling: each K's acceptance, forwards only")
         if 0 in self.runs:

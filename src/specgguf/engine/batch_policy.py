@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Sequence
 
 from .acceptance import AcceptanceEstimate
-from .policy import expected_tokens
+from .policy import expected_tokens, why_line
 
 
 class LineFit:
@@ -198,15 +198,9 @@ class BatchPolicy:
         g = self._gains(lone, False)
         lines = self.lines()
         r = [g[k] / max(self.seconds([lone], [k], [g], lines), 1e-9) for k in range(self.k_max + 1)]
-        best = max(range(1, self.k_max + 1), key=lambda k: (r[k], -k))
-        head = (f"K={best} is predicted at {r[best] / r[0]:.2f}x plain decoding" if r[best] > r[0] else
-                f"drafting off: the best draft length, K={best}, is predicted at {r[best] / r[0]:.2f}x plain decoding")
-        acc, ver = self.acceptance[regime].totals()
-        known = f"draft acceptance {acc / ver:.2f} over {ver:.0f} positions" if ver else "no acceptance known yet"
-        costs = "draft forwards timed" if self.draft.known else "the draft's cost guessed (no draft forward timed yet)"
-        ks = " ".join(f"{k}:{r[k] / r[0]:.2f}" for k in range(1, self.k_max + 1))
-        return (f"{head} for a request alone (K {ks}); {known}; costs from this engine's forwards ({costs}); "
-                "other requests in the same rounds shrink K")
+        timed = "draft forwards timed" if self.draft.known else "the draft's cost guessed (no draft forward timed yet)"
+        return why_line(r, self.acceptance[regime].totals(), f"costs from this engine's forwards ({timed}); "
+                        "other requests in the same rounds shrink K", qualifier=" for a request alone")
 
     def observe_round(self, target_tokens: int, target_seconds: float, draft_forwards: Sequence[tuple],
                       rows: int, other_seconds: float) -> None:

@@ -204,6 +204,21 @@ def expected_tokens(k_max: int, acc: Sequence[float]) -> List[float]:
     return out
 
 
+def why_line(rates: Sequence[float], totals: tuple, costs: str, qualifier: str = "") -> str:
+    """A policy's one line for users: the K it would draft (or that drafting
+    is off) and its predicted speed against plain decoding, every K's, the
+    draft's acceptance ``totals`` (accepted, verified) and ``costs``, where
+    the round times come from. ``rates``: tokens per second for K = 0..k_max."""
+    r = rates
+    best = max(range(1, len(r)), key=lambda k: (r[k], -k))
+    head = (f"K={best} is predicted at {r[best] / r[0]:.2f}x plain decoding" if r[best] > r[0] else
+            f"drafting off: the best draft length, K={best}, is predicted at {r[best] / r[0]:.2f}x plain decoding")
+    acc, ver = totals
+    known = f"draft acceptance {acc / ver:.2f} over {ver:.0f} positions" if ver else "no acceptance known yet"
+    ks = " ".join(f"{k}:{r[k] / r[0]:.2f}" for k in range(1, len(r)))
+    return f"{head}{qualifier} (K {ks}); {known}; {costs}"
+
+
 class DraftPolicy:
     """The choice of K each round, and of the draft confidence cutoff ``p_min``.
 
@@ -321,11 +336,6 @@ class DraftPolicy:
         """One line on what the policy would draft now and what that rests
         on: each K's predicted speed against plain decoding, the draft's
         acceptance, and where the round times come from."""
-        r = self.rates()
-        k = self._best(r)
-        best = max(range(1, self.k_max + 1), key=lambda j: (r[j], -j))
-        acc, ver = self.acceptance.totals()
-        known = f"draft acceptance {acc / ver:.2f} over {ver:.0f} positions" if ver else "no acceptance known yet"
         timed = sum(1 for n in self.arms.timed if n)
         if not self.online:
             costs = "stored round times (a seeded run does not read the clock)"
@@ -333,10 +343,7 @@ class DraftPolicy:
             costs = f"round times of {timed} draft lengths measured in this process"
         else:
             costs = "stored round times" if self.arms.priors[0].seconds else "the built-in cost prior"
-        head = (f"drafting off: the best draft length, K={best}, is predicted at {r[best] / r[0]:.2f}x plain decoding"
-                if k == 0 else f"K={k} is predicted at {r[k] / r[0]:.2f}x plain decoding")
-        ks = " ".join(f"{j}:{r[j] / r[0]:.2f}" for j in range(1, self.k_max + 1))
-        return f"{head} (K {ks}); {known}; {costs}"
+        return why_line(self.rates(), self.acceptance.totals(), costs)
 
     def p_min(self) -> Optional[float]:
         """The confidence cutoff for the next round (None: no cutoff)."""

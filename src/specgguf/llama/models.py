@@ -66,8 +66,9 @@ class ModelEntry:
 
     def what(self) -> str:
         """``name (file, about N MiB)``: how messages name the entry."""
-        size = f", about {self.approx_mib} MiB" if self.approx_mib else (f", {self.size >> 20} MiB" if self.size else "")
-        return f"{self.name} ({self.file}{size})"
+        if self.approx_mib:
+            return f"{self.name} ({self.file}, about {self.approx_mib} MiB)"
+        return f"{self.name} ({self.file}, {self.size >> 20} MiB)" if self.size else f"{self.name} ({self.file})"
 
     @property
     def verified(self) -> bool:

@@ -29,11 +29,8 @@ def auto_slots(args) -> int:
     if avail is None:
         return AUTO_SLOTS
     from ..llama import models
-    target, draft = args.target, args.draft
-    if target is None or draft is None:
-        dt, dd = models.default_pair()
-        target, draft = target or dt, draft or dd
-    weights = sum(models.resolve_model(m).stat().st_size for m in (target, draft) if m != "ngram")
+    from ..options import pair_names
+    weights = sum(models.resolve_model(m).stat().st_size for m in pair_names(args) if m != "ngram")
     # KV per token is under 1/2000 of the weights for the models specgguf pairs (e.g. 8B: 128 KiB of 4.9 GB).
     per_slot = weights * args.ctx / 2000
     return max(1, min(AUTO_SLOTS, int((avail - weights) * 0.8 // max(per_slot, 1))))
@@ -75,9 +72,9 @@ def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def main(argv) -> int:
-    from ..options import Parser, add_generation_args, add_model_args, config_from_args, load_pair
-    from ..llama.rpc import is_loopback
+def build_parser():
+    """The serve command's options: the model and generation options, then the server's own."""
+    from ..options import Parser, add_generation_args, add_model_args
     from . import server as module
     ap = Parser(prog="python -m specgguf serve", description=module.__doc__.split("\n\n")[0] + "\n\n" +
                 "Point any OpenAI client at http://HOST:PORT/v1 (see README: OpenAI-compatible server).")
@@ -97,7 +94,12 @@ def main(argv) -> int:
     ap.add_argument("--model-id", help="the model name /v1/models reports (default: the target's file name)")
     ap.add_argument("--cors-origins", default="", help="web origins allowed to call the server from a browser, "
                     "comma-separated (e.g. 'http://localhost:3000', or '*' for any); default none")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def _checked(ap, args) -> tuple:
+    """``(hosts, parallel)`` from the options (``parallel`` None for 'auto'),
+    or the usage error naming the option."""
     hosts = [h.strip() for h in args.host.split(",") if h.strip()]
     if not hosts:
         ap.error("--host needs at least one address")
@@ -111,6 +113,15 @@ def main(argv) -> int:
             raise ValueError
     except ValueError:
         ap.error(f"--parallel must be 'auto' or an int in [1, 64], got {args.parallel!r}")
+    return hosts, parallel
+
+
+def main(argv) -> int:
+    from ..options import config_from_args, load_pair
+    from ..llama.rpc import is_loopback
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    hosts, parallel = _checked(ap, args)
     try:
         socks = listen(hosts, args.port)  # before loading: a busy port is said at once
     except OSError as e:
@@ -130,8 +141,7 @@ def main(argv) -> int:
     where = ", ".join(_url(h, port) + "/v1" for h in hosts)
     print(f"specgguf: serving {server.model_id} on {where} with {server.slots} "
           f"slot{'s' if server.slots > 1 else ''} of {llm.n_ctx} tokens (--parallel, --ctx); a chat page at "
-          f"{_url(hosts[0], port)}/", file=sys.stderr,
-          flush=True)
+          f"{_url(hosts[0], port)}/", file=sys.stderr, flush=True)
     config = uvicorn.Config(create_app(server, origins), access_log=False, timeout_graceful_shutdown=5,
                             log_level="info" if args.verbose else "warning")
     uvicorn.Server(config).run(sockets=socks)
