@@ -409,3 +409,15 @@ def test_a_catch_up_timed_at_a_short_lag_does_not_price_a_long_one_per_token():
     assert policy.arms.catchup_cost(38) < 0.5 * 38 * 0.035 / 3
     assert policy.choose(remaining=20, lag=40) > 0
     assert "predicted" in policy.explain() and "measured in this process" in policy.explain()
+
+
+def test_an_untimed_k_never_costs_nothing():
+    """Two close K timed far apart (one in a busy spell) drew a line that
+    crossed zero: K=1 was priced at minus 120 ms and its rate came out
+    negative (the why line read "K 1:-6.01"). A drafting round is priced
+    at least as a plain one."""
+    arms = Arms(8, [CostModel()])
+    arms.observe(2, 0.150)
+    arms.observe(3, 0.450)
+    assert all(arms.time(k) >= arms.time(0) > 0 for k in range(9))
+    assert arms.time(1) <= arms.time(2) < arms.time(3)

@@ -138,7 +138,9 @@ class Arms:
             return self.speed * self.seconds[0] / self.timed[0]
         line = self._line()
         if line is not None and k > 0:
-            return self.speed * (line[0] + line[1] * k)
+            # A drafting round costs at least a plain one: a line steep between two
+            # close K (one timed in a busy spell) crossed zero below them.
+            return max(self.speed * (line[0] + line[1] * k), self.time(0))
         ref = max((j for j, n in enumerate(self.timed) if n), key=lambda j: (self.timed[j], -abs(j - k)), default=None)
         if ref is None:
             return self._prior(k, 0) * self.priors[0].round_cost(0)
