@@ -4,6 +4,7 @@
     python -m specgguf serve ...                             OpenAI-compatible server
     python -m specgguf calibrate [--draft D] [--target T]    measure and store this machine's costs
     python -m specgguf bench [--draft D] [--target T]        which draft length pays here: a table
+    python -m specgguf check-pair --target T --draft D      how a draft serves a target (tokenizers)
     python -m specgguf rpc-server [--host H] [--port P]      a worker for --rpc
     python -m specgguf models list | fetch NAME | verify
 
@@ -35,6 +36,7 @@ other commands (each has --help):
   python -m specgguf serve        an OpenAI-compatible HTTP server
   python -m specgguf calibrate    measure this machine's forward costs once
   python -m specgguf bench        which draft length pays on this machine (table, --plot)
+  python -m specgguf check-pair   how a draft can serve a target (tokenizers) and its acceptance
   python -m specgguf rpc-server   a worker for --rpc (the target over several machines)
   python -m specgguf models list | fetch NAME | verify"""
 
@@ -103,12 +105,12 @@ class Interrupt:
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     commands = {"models": "models_main", "serve": "serve_main", "calibrate": "calibrate_main",
-                "bench": "bench_main", "rpc-server": "rpc_server_main"}
+                "bench": "bench_main", "rpc-server": "rpc_server_main", "check-pair": "check_pair_main"}
     interrupt = Interrupt()
     try:
         if argv[:1] and argv[0] in commands:
             from . import commands as cmd
-            if argv[0] in ("models", "calibrate", "bench"):  # C calls that may swallow a KeyboardInterrupt
+            if argv[0] in ("models", "calibrate", "bench", "check-pair"):  # C calls that may swallow a KeyboardInterrupt
                 signal.signal(signal.SIGINT, interrupt)
             return getattr(cmd, commands[argv[0]])(argv[1:])
         return run(build_parser().parse_args(argv), interrupt)

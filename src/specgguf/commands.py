@@ -1,4 +1,4 @@
-"""The CLI's subcommands other than generation: models, calibrate, bench, serve, rpc-server."""
+"""The CLI's subcommands other than generation: models, calibrate, check-pair, bench, serve, rpc-server."""
 
 from __future__ import annotations
 
@@ -56,6 +56,43 @@ def calibrate_main(argv: List[str]) -> int:
     if out["acceptance"]:
         a = out["acceptance"]
         print(f"acceptance on the fixed text: greedy {a['greedy']:.2f}, sampled at 0.8 {a['sampled']:.2f}")
+    return 0
+
+
+CHECK_PAIR_DESCRIPTION = """\
+Say how a draft can serve a target, and how well: the mode the pair gets
+(same vocabulary; padded, one model with a few extra rows; cross-tokenizer,
+the draft proposing text for the target's tokenizer; or refused, and why),
+then the draft's acceptance on a short sample text, greedy and sampled at
+0.8, at K=4, and whether the greedy output equals the target's alone. Loading
+runs the same check: a pair that cannot work is refused there too."""
+
+CHECK_TEXT = "Write a short essay about the history of the printing press.\n\n"
+
+
+def check_pair_main(argv: List[str]) -> int:
+    ap = Parser(prog="python -m specgguf check-pair", description=CHECK_PAIR_DESCRIPTION)
+    add_model_args(ap)
+    ap.add_argument("-n", "--tokens", type=int, default=48, help="tokens generated on the sample text (48)")
+    args = ap.parse_args(argv)
+    if args.draft == "ngram":
+        ap.error("check-pair checks a draft model; --draft ngram needs no check")
+    if not 8 <= args.tokens <= 1024:
+        ap.error(f"--tokens must be within 8-1024, got {args.tokens}")
+    llm = load_pair(args)  # refuses a pair that cannot work, naming the model
+    print(f"target: {llm.names[0]} ({llm.pair.target_llm.n_vocab()} tokens)")
+    print(f"draft:  {llm.names[1]} ({llm.pair.draft_llm.n_vocab()} tokens)")
+    print(f"mode:   {llm.pair.mode.mode}: {llm.pair.mode.detail}")
+    plain = llm.generate(CHECK_TEXT, max_tokens=args.tokens, temperature=0, k=0).tokens
+    for name, settings in (("greedy", dict(temperature=0)), ("sampled at 0.8", dict(temperature=0.8, seed=0,
+                                                                                     drafter_invariant=False))):
+        r = llm.generate(CHECK_TEXT, max_tokens=args.tokens, k=4, **settings)
+        st = r.stats
+        line = (f"acceptance, {name}: {st['acceptance_rate']:.2f} ({st['accepted']} of {st['drafted']} "
+                f"drafted tokens, {st['mean_accepted']:.2f} a round)")
+        if name == "greedy":
+            line += "; output identical to the target alone: " + ("yes" if r.tokens == plain else "NO")
+        print(line)
     return 0
 
 

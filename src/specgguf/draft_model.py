@@ -36,7 +36,8 @@ from llama_cpp.llama_speculative import LlamaDraftModel
 from .ops.drafter import Draft, common_prefix
 from .engine.learning import AUTO_K_MAX
 from .llama.adapter import ModelDrafter
-from .llama.model import InUse, LlamaModel, ModelLike, check_vocab, load_llama
+from .llama.model import InUse, LlamaModel, ModelLike, load_llama
+from .llama.vocab import check_vocab
 from .llama.models import resolve_model
 from .ops.ngram import FallbackDrafter, NgramDrafter
 from .engine.policy import DraftPolicy
@@ -117,7 +118,7 @@ class DraftModel(LlamaDraftModel):
 
     def check(self, target: "llama_cpp.Llama") -> None:
         """Raise ValueError unless this draft shares ``target``'s tokenizer."""
-        check_vocab(LlamaModel(target), self.model, os.path.basename(target.model_path),
+        check_vocab(target, self.llm, os.path.basename(target.model_path),
                     os.path.basename(self.llm.model_path))
 
     def __call__(self, input_ids: np.ndarray, /, **kwargs) -> np.ndarray:

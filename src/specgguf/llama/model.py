@@ -1,5 +1,6 @@
 """One llama.cpp model as specgguf uses it: loading, the KV cache's
-bookkeeping, the vocabulary check, and the model's identity.
+bookkeeping, and the model's identity (the vocabulary check is in
+:mod:`specgguf.llama.vocab`).
 
 Bookkeeping (as in llama.cpp's speculative examples): a :class:`LlamaModel`
 remembers which tokens its KV cache holds. A call evaluates only what the
@@ -28,7 +29,6 @@ import numpy as np
 
 from ..ops.drafter import common_prefix
 
-MAX_VOCAB_DIFF = 128  # padding rows, as llama.cpp allows (e.g. Qwen2.5 0.5B vs 7B)
 MIN_CTX = 256         # llama.cpp raises smaller context windows to this
 
 ModelLike = Union[str, os.PathLike, "llama_cpp.Llama"]
@@ -284,9 +284,6 @@ class LlamaModel:
             if row >= 0:
                 ctypes.memmove(out[row].ctypes.data, llama_cpp.llama_get_logits_ith(self.ctx, j), width)
 
-    def token_text(self, token: int) -> bytes:
-        return llama_cpp.llama_vocab_get_text(self.vocab, token) or b""
-
 
 class InUse:
     """One generation at a time per object. A call from another thread waits
@@ -308,23 +305,3 @@ class InUse:
     def __exit__(self, *exc) -> None:
         self.owner = None
         self.lock.release()
-
-
-def check_vocab(target: LlamaModel, draft: LlamaModel, target_name: str, draft_name: str) -> None:
-    """Raise ValueError unless both models share a tokenizer: the same type,
-    BOS and EOS, sizes within MAX_VOCAB_DIFF, and the same text per token."""
-    def fail(why: str) -> None:
-        raise ValueError(f"draft {draft_name} and target {target_name} do not share a tokenizer: {why}")
-
-    tv, dv = target.vocab, draft.vocab
-    if llama_cpp.llama_vocab_type(tv) != llama_cpp.llama_vocab_type(dv):
-        fail("different tokenizer types")
-    for what, f in (("BOS", llama_cpp.llama_vocab_bos), ("EOS", llama_cpp.llama_vocab_eos)):
-        if f(tv) != f(dv):
-            fail(f"{what} token {f(dv)} vs {f(tv)}")
-    if abs(target.model_vocab - draft.model_vocab) > MAX_VOCAB_DIFF:
-        fail(f"vocab sizes {draft.model_vocab} vs {target.model_vocab} differ by more than {MAX_VOCAB_DIFF}")
-    for t in range(min(target.model_vocab, draft.model_vocab)):
-        a, b = draft.token_text(t), target.token_text(t)
-        if a != b:
-            fail(f"token {t} is {a!r} in the draft but {b!r} in the target")

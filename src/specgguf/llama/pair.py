@@ -2,7 +2,8 @@
 
 :class:`ModelPair` resolves names (models.lock) and paths, loads the models
 (locally, or the target on llama.cpp RPC workers), checks that they share a
-tokenizer, and assembles what a run uses: the target (one batched forward
+tokenizer (else drafts across tokenizers, :mod:`specgguf.llama.vocab`), and
+assembles what a run uses: the target (one batched forward
 per round), the drafter, the prompt encoder, the end-of-generation tokens,
 and the pair's identity for the state store (the files' content and this
 machine).
@@ -18,14 +19,15 @@ import llama_cpp
 
 from .adapter import LlamaTarget, ModelDrafter, prompt_agreement
 from ..checks import check_int
-from .model import (MIN_CTX, LlamaModel, ModelLike, check_slot_memory, check_vocab, eog_tokens, load_llama,
-                          machine_id)
+from .model import MIN_CTX, LlamaModel, ModelLike, check_slot_memory, eog_tokens, load_llama, machine_id
 from .models import resolve_model
+from ..ops.cross import CrossDrafter
 from ..ops.ngram import FallbackDrafter, NgramDrafter
 from .rpc import RemoteModel, Workers
 from ..ops.sampling import Sampler
 from ..state import PairState, Store
 from .text import PromptEncoder
+from .vocab import PairMode, pair_mode
 
 
 def _name(model: object) -> str:
@@ -101,16 +103,23 @@ class ModelPair:
         self.owns = not isinstance(target, llama_cpp.Llama)  # models loaded here keep their KV cache
         self.target_llm, tpath = load.llama(target, remote=True)
         self.draft_llm, dpath = load.llama(draft, draft_rpc) if not model_free else (None, None)
+        self.mode = PairMode("ngram", "n-gram lookup: no draft model") if model_free else \
+            pair_mode(self.target_llm, self.draft_llm, *self.names)
+        if self.mode.mode == "cross" and self.slots > 1:
+            raise ValueError("parallel > 1 (serve --parallel) does not work with a draft of another tokenizer "
+                             f"yet ({self.mode.detail}): use parallel=1")
         width = max(int(m.n_vocab()) for m in (self.target_llm, self.draft_llm) if m is not None)
         if self.slots > 1:
             check_slot_memory([m for m in (self.target_llm, self.draft_llm) if m is not None], self.slots, n_ctx)
-        self.target = LlamaTarget(load.model(self.target_llm, tpath, width, remote=True))
+        cross = self.mode.mode == "cross"  # each model keeps its own width; the drafter maps between them
+        self.target = LlamaTarget(load.model(self.target_llm, tpath, None if cross else width, remote=True))
         self.draft_model = None
         if model_free:
             self.drafter = NgramDrafter()
         else:
-            self.draft_model = ModelDrafter(load.model(self.draft_llm, dpath, width, remote=draft_rpc))
-            check_vocab(self.target.model, self.draft_model.model, *self.names)
+            dmodel = load.model(self.draft_llm, dpath, None if cross else width, remote=draft_rpc)
+            self.draft_model = (CrossDrafter(dmodel, self.mode.target, self.mode.draft, self.mode.vmap) if cross
+                                else ModelDrafter(dmodel))
             self.drafter = FallbackDrafter(NgramDrafter(n_min=3), self.draft_model) if ngram else self.draft_model
         self.text = PromptEncoder(self.target_llm, self.names[0])
         self.eog = eog_tokens(self.target_llm)
@@ -153,8 +162,9 @@ class ModelPair:
 
     def prompt_agreement(self, ids: List[int], sampler: Sampler) -> Optional[tuple]:
         """``(the draft's acceptance on this prompt, positions measured)`` (see
-        llama_adapter.prompt_agreement); None without a draft model or for a short prompt."""
-        if self.draft_model is None:
+        llama_adapter.prompt_agreement); None without a draft model of the
+        target's vocabulary (rows across tokenizers do not compare) or for a short prompt."""
+        if not isinstance(self.draft_model, ModelDrafter):
             return None
         return prompt_agreement(self.target.model, self.draft_model.model, ids, sampler)
 

@@ -251,10 +251,6 @@ class RemoteModel:
         if not self.dead:
             self._call(("reset", None), timeout=self.workers.timeout)
 
-    def token_text(self, token: int) -> bytes:
-        import llama_cpp
-        return llama_cpp.llama_vocab_get_text(self.vocab, token) or b""
-
     def close(self) -> None:
         if getattr(self, "_proc", None) is not None and self._proc.poll() is None:
             self._proc.kill()
