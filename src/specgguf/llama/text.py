@@ -63,7 +63,8 @@ class PromptEncoder:
             from llama_cpp.llama_chat_format import Jinja2ChatFormatter
             template = self.llm.metadata.get("tokenizer.chat_template")
             if not template:
-                raise ValueError(f"{self.name} has no chat template in its GGUF metadata")
+                raise ValueError(f"{self.name} has no chat template in its GGUF metadata (a base model?): "
+                                 "give it text to continue, not chat messages or --chat")
             piece = lambda t: self.llm.detokenize([t], special=True).decode("utf-8", "replace")  # noqa: E731
             self._formatter = Jinja2ChatFormatter(template=template, eos_token=piece(self.llm.token_eos()),
                                                   bos_token=piece(self.llm.token_bos()),
