@@ -18,21 +18,10 @@ import sys
 import time
 
 from specgguf import SpeculativeLlama
+from specgguf.llama.model import plain_greedy
 
 N = 8  # tokens per answer: under emulation a forward of this pair takes seconds, not milliseconds
 PROMPT = "The capital of France is"  # short: the prompt's evaluation is emulated too
-
-
-def plain_greedy(llm, ids, n):
-    """The target alone, through llama-cpp-python's own loop."""
-    llm.reset()
-    out = []
-    for tok in llm.generate(ids, temp=0.0, top_k=1, reset=True):
-        out.append(tok)
-        if len(out) == n:
-            break
-    llm.reset()
-    return out
 
 
 def check(what, ok, detail):
@@ -53,7 +42,6 @@ def main(target, draft, poor):
             reference = plain_greedy(llm.pair.target_llm, ids, N)
             print(f"aarch64 e2e: loaded in {t1 - t0:.0f} s; the target alone: {N} tokens in "
                   f"{time.perf_counter() - t1:.0f} s", flush=True)
-            llm.reset()  # llama-cpp-python's loop left its tokens in the KV cache
         r = llm.generate(PROMPT, max_tokens=N, temperature=0, k=4)
         s = r.stats
         rejected += s["drafted"] - s["accepted"]

@@ -29,7 +29,18 @@ LLAMA_SDIST_SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1
 VENV=${SPECGGUF_VENV:-.venv}
 PY=${SPECGGUF_PYTHON:-python3}
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/specgguf"
-export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
+# A compiler job on llama.cpp's largest files peaks near 500 MB (measured
+# cross-building it for aarch64): a 1-2 GB board building on all four cores
+# would swap or be killed, so jobs are capped by the memory available.
+if [ -z "${CMAKE_BUILD_PARALLEL_LEVEL:-}" ]; then
+  mem_mb=$(awk '/^MemAvailable:/ {print int($2 / 1024)}' /proc/meminfo 2>/dev/null || echo 0)
+  jobs=$(nproc)
+  if [ "${mem_mb:-0}" -gt 0 ] && [ $((mem_mb / 600)) -lt "$jobs" ]; then
+    jobs=$(( mem_mb / 600 > 0 ? mem_mb / 600 : 1 ))
+    echo "setup: $mem_mb MB of memory available: building with $jobs job(s) (set CMAKE_BUILD_PARALLEL_LEVEL to override)"
+  fi
+  export CMAKE_BUILD_PARALLEL_LEVEL=$jobs
+fi
 
 flags=$(bash scripts/llama_flags.sh)  # the CPU flags, chosen in one place
 

@@ -150,11 +150,5 @@ def poor_draft():
 
 def plain_greedy(llm, ids, n):
     """Target-only greedy decoding through llama-cpp-python's own loop."""
-    llm.reset()
-    out = []
-    for tok in llm.generate(ids, temp=0.0, top_k=1, reset=True):
-        out.append(tok)
-        if len(out) == n:
-            break
-    llm.reset()
-    return out
+    from specgguf.llama.model import plain_greedy as reference
+    return reference(llm, ids, n)

@@ -17,7 +17,7 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from ..ops.drafter import Draft
+from ..ops.drafter import Draft, Proposal
 from .model import LlamaModel
 from ..ops.sampling import Sampler
 
@@ -60,10 +60,7 @@ class ModelDrafter:
 
     def propose(self, context: Sequence[int], k: int, p_min: Optional[float] = None) -> Draft:
         seq = list(context)
-        tokens: List[int] = []
-        probs, conf = [], []
-        stop = "max"
-        first, t0 = None, time.perf_counter()
+        out = Proposal(time.perf_counter())
         checked, catchup = self._checked(seq), None
         for _ in range(k):
             # Catching up on tokens it skipped, the first forward also scores the
@@ -71,22 +68,17 @@ class ModelDrafter:
             # extra output rows cost a fraction of the catch-up): a probe then
             # learns the draft's acceptance on all of them, not only on the few
             # tokens it drafts.
-            rows = self.model.eval(seq, 1 + (checked if first is None else 0))
-            if first is None:  # the read-back is part of the catch-up's cost
-                if checked:
-                    catchup = self.sampler.agreement(rows[:-1], seq, len(seq) - checked)
-                first = time.perf_counter() - t0
-            row = rows[-1]
-            tok, c, q = self.sampler.pick(row, seq)
-            if p_min is not None and c < p_min:
-                stop = "cutoff"
+            first = out.first is None
+            rows = self.model.eval(seq, 1 + (checked if first else 0))
+            if first and checked:
+                catchup = self.sampler.agreement(rows[:-1], seq, len(seq) - checked)
+            out.forwarded()  # the read-back is part of the catch-up's cost
+            tok, c, q = self.sampler.pick(rows[-1], seq)
+            if out.refuses(c, p_min):
                 break
-            tokens.append(tok)
-            conf.append(c)
-            if q is not None:
-                probs.append(q)
+            out.add(tok, c, q)
             seq.append(tok)
-        return Draft(tokens, np.stack(probs) if probs else None, False, stop, conf, first, catchup)
+        return out.draft(catchup)
 
     def _checked(self, seq: Sequence[int]) -> int:
         """Skipped tokens to score on the first forward: none after an

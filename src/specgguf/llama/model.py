@@ -285,6 +285,25 @@ class LlamaModel:
                 ctypes.memmove(out[row].ctypes.data, llama_cpp.llama_get_logits_ith(self.ctx, j), width)
 
 
+def plain_greedy(llm: "llama_cpp.Llama", ids: Sequence[int], n: int) -> List[int]:
+    """``n`` tokens of the target alone after ``ids``, greedy, through
+    llama-cpp-python's own loop: the reference greedy speculation must equal
+    (tests, ``check-pair``, the aarch64 pipeline check). The ``Llama`` is
+    reset before and after (its KV cache, not only its token count: a
+    :class:`LlamaModel` over the same context must start from empty)."""
+    out: List[int] = []
+    llm.reset()
+    try:
+        for tok in llm.generate(list(ids), temp=0.0, top_k=1, reset=True):
+            out.append(tok)
+            if len(out) == n:
+                break
+    finally:
+        llm.reset()
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(llm.ctx), True)
+    return out
+
+
 class InUse:
     """One generation at a time per object. A call from another thread waits
     for the running one to finish; a second generation started in the thread

@@ -46,7 +46,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from .drafter import Draft, common_prefix
+from .drafter import Draft, Proposal, common_prefix
 from .sampling import Sampler
 
 
@@ -211,19 +211,17 @@ class CrossDrafter:
         added = bytearray()
         ids: List[int] = []
         ends, sure = [], []  # after each draft token: the text's length, the draft's confidence in all of it
-        stop, first = "max", None
+        out = Proposal(t0)
         for _ in range(2 * k + 2):  # the draft's tokens are often shorter than the target's
             row = self.model.eval(seq, 1)[-1]
-            if first is None:
-                first = time.perf_counter() - t0
+            out.forwarded()
             tok = int(np.argmax(row))
             c = float(1.0 / np.exp(row - row[tok]).sum())
             piece = self.draft.pieces[tok]
             if not piece:  # an end of text, or a control token: the draft would stop here
-                stop = "end"
+                out.stop = "end"
                 break
-            if p_min is not None and c < p_min:
-                stop = "cutoff"
+            if out.refuses(c, p_min):
                 break
             seq.append(tok)
             added += piece
@@ -233,9 +231,9 @@ class CrossDrafter:
             if len(ids) > k:  # the (k+1)-th began: the first k are complete
                 break
         # Unless the draft ended its text, the last target token may still grow.
-        ids = ids[:k] if stop == "end" else ids[:min(k, len(ids) - 1)]
+        ids = ids[:k] if out.stop == "end" else ids[:min(k, len(ids) - 1)]
         self._extend_draft(seq[len(self.d_ids):])
-        return Draft(ids, None, False, stop if ids else "end", self._confidence(ids, ends, sure), first)
+        return Draft(ids, None, False, out.stop if ids else "end", self._confidence(ids, ends, sure), out.first)
 
     def _confidence(self, ids: List[int], ends: List[int], sure: List[float]) -> List[float]:
         """Each target token's confidence: the draft's in all the text up to its end."""
@@ -258,32 +256,22 @@ class CrossDrafter:
     def _by_token(self, context: List[int], seq: List[int], k: int, p_min: Optional[float], t0: float) -> Draft:
         """Sampling: one shared token per draft step, drawn by the
         generation's sampler from the draft's row in target space."""
-        tokens, probs, conf = [], [], []
-        stop, first = "max", None
+        out = Proposal(t0)
         for _ in range(k):
             row = self.vmap.to_target(self.model.eval(seq, 1)[-1:])[0]
-            if first is None:
-                first = time.perf_counter() - t0
+            out.forwarded()
             try:
                 tok, c, q = self.sampler.pick(row, context)
             except ValueError:  # the generation's rules (a grammar) left no shared token
-                stop = "end"
+                out.stop = "end"
                 break
-            d = int(self.vmap.t2d[tok])
-            if d < 0:
-                stop = "end"
+            if out.refuses(c, p_min):
                 break
-            if p_min is not None and c < p_min:
-                stop = "cutoff"
-                break
-            tokens.append(tok)
-            conf.append(c)
-            if q is not None:
-                probs.append(q)
+            out.add(tok, c, q)
             context.append(tok)
-            seq.append(d)
+            seq.append(int(self.vmap.t2d[tok]))  # a shared token: rows are -inf elsewhere
         self._extend_draft(seq[len(self.d_ids):])
-        return Draft(tokens, np.stack(probs) if probs else None, False, stop, conf, first)
+        return out.draft()
 
 
 def _inside_word(text: bytearray, i: int) -> bool:

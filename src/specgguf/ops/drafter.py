@@ -12,6 +12,7 @@ draft model), :class:`~specgguf.ops.ngram.NgramDrafter` (prompt lookup),
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
@@ -51,6 +52,47 @@ class Draft:
     confidence: Optional[List[float]] = None
     first_seconds: Optional[float] = None
     catchup: Optional[Tuple[float, int]] = None
+
+
+class Proposal:
+    """A :class:`Draft` built one token at a time: what a model drafter's
+    loop fills (the model's own, and across tokenizers).
+
+    Args:
+        t0: ``time.perf_counter()`` when proposing began (the first forward's
+            time, catch-up included, is measured from it).
+    """
+
+    def __init__(self, t0: float) -> None:
+        self.t0 = t0
+        self.tokens: List[int] = []
+        self.probs: List[np.ndarray] = []
+        self.confidence: List[float] = []
+        self.stop = "max"
+        self.first: Optional[float] = None
+
+    def forwarded(self) -> None:
+        """A forward finished: the first one's time is kept."""
+        if self.first is None:
+            self.first = time.perf_counter() - self.t0
+
+    def refuses(self, confidence: float, p_min: Optional[float]) -> bool:
+        """The next token's confidence is below the cutoff: drafting stops ("cutoff")."""
+        if p_min is not None and confidence < p_min:
+            self.stop = "cutoff"
+            return True
+        return False
+
+    def add(self, token: int, confidence: float, q: Optional[np.ndarray]) -> None:
+        """One proposed token, its confidence, and the ``[V]`` q it was drawn from (exact rule)."""
+        self.tokens.append(token)
+        self.confidence.append(confidence)
+        if q is not None:
+            self.probs.append(q)
+
+    def draft(self, catchup: Optional[Tuple[float, int]] = None) -> Draft:
+        return Draft(self.tokens, np.stack(self.probs) if self.probs else None, False, self.stop,
+                     self.confidence, self.first, catchup)
 
 
 @runtime_checkable
