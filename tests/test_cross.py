@@ -196,3 +196,15 @@ def test_a_word_cut_in_two_is_tokenized_whole():
     drafter.d_ids, drafter.d_ends, drafter.d_text = [0, 1], [0, 6], bytearray(b" every")
     drafter.target = vocab([" every", "one", "thing", " "])
     assert drafter._sync([0, 1]) == [0, 5]  # " every" + "one": " everyone", as the draft would write it
+
+
+def test_vocabularies_with_almost_nothing_in_common_are_refused():
+    from specgguf.llama.vocab import MIN_SHARED, cross_mode
+    with pytest.raises(ValueError, match=r"draft d.gguf and target t.gguf share only 3 token strings"):
+        cross_mode(TARGET, DRAFT, "different tokenizer types", "t.gguf", "d.gguf")
+    # Enough shared strings: cross-tokenizer drafting, said in a line.
+    words = [f"w{i}" for i in range(MIN_SHARED)]
+    mode = cross_mode(vocab(words + ["x"]), vocab([""] + words), "different sizes", "t", "d")
+    assert mode.mode == "cross" and mode.vmap.shared == MIN_SHARED
+    assert f"{MIN_SHARED} of the draft's {MIN_SHARED + 1} tokens spell one of the target's {MIN_SHARED + 1}" \
+        in mode.detail

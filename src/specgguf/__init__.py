@@ -6,7 +6,8 @@ High level (needs llama-cpp-python): :func:`generate`, :class:`SpeculativeLlama`
 
 Low level: the verification ops (:func:`verify_greedy`, :func:`accept`,
 :func:`accept_onehot`, :func:`accept_invariant`), :class:`SpeculativeDecoder`
-(the draft/verify loop over your own callbacks) and :class:`GenerationConfig`.
+(the draft/verify loop over your own callbacks), :class:`CrossDrafter` (a
+draft of another tokenizer) and :class:`GenerationConfig`.
 
 Names are imported on first use: ``import specgguf`` is instant (the CLI
 starts fast, and a Ctrl-C during start-up lands in code that handles it), and
@@ -21,6 +22,7 @@ _WHERE = {
     "GenerationConfig": "config",
     "DecoderStats": "engine.decoder", "SpeculativeDecoder": "engine.decoder",
     "Draft": "ops.drafter", "Drafter": "ops.drafter",
+    "CrossDrafter": "ops.cross", "Vocab": "ops.cross", "VocabMap": "ops.cross",
     "generate": "api", "SpeculativeLlama": "api", "GenerationResult": "api",
     "DraftModel": "draft_model",
     **{name: "ops.verify" for name in ("accept", "accept_invariant", "accept_onehot", "accept_onehot_uniforms",

@@ -111,11 +111,18 @@ def pair_mode(target: "llama_cpp.Llama", draft: "llama_cpp.Llama", target_name: 
         if nt == nd:
             return PairMode("same", f"same vocabulary ({nt} tokens)")
         return PairMode("padded", f"same tokenizer, vocabularies padded to {max(nt, nd)} ({nd} draft, {nt} target)")
-    tv, dv = vocab_of(target), vocab_of(draft)
-    vmap = VocabMap(tv, dv)
+    return cross_mode(vocab_of(target), vocab_of(draft), why, target_name, draft_name)
+
+
+def cross_mode(target: Vocab, draft: Vocab, why: str, target_name: str, draft_name: str) -> PairMode:
+    """The ``cross`` mode of two vocabularies that are not one tokenizer
+    (``why``: how they differ); ValueError, naming both models, when they
+    share fewer than MIN_SHARED token strings."""
+    vmap = VocabMap(target, draft)
     if vmap.shared < MIN_SHARED:
         raise ValueError(f"draft {draft_name} and target {target_name} share only {vmap.shared} token strings "
                          f"({why}): the draft cannot propose text the target would write; use a draft from "
                          "the target's family")
     return PairMode("cross", f"different tokenizers ({why}); cross-tokenizer drafting: {vmap.shared} of the "
-                             f"draft's {nd} tokens spell one of the target's {nt}", tv, dv, vmap)
+                             f"draft's {len(draft)} tokens spell one of the target's {len(target)}",
+                    target, draft, vmap)
