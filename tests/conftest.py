@@ -16,6 +16,17 @@ import specgguf
 
 ALPHA = 1e-3  # significance of the chi-square tests (each at a fixed seed)
 
+# Under qemu (scripts/test_aarch64.sh sets it) Python and numpy run about 20x
+# slower. The NEON kernels are checked bit for bit against scalar there by
+# cpp/test_kernels (every path, no Python); these tests then check the
+# extension works on ARM, with fewer generated examples.
+EMULATED = os.environ.get("SPECGGUF_EMULATED") == "1"
+
+
+def examples(n):
+    """Hypothesis examples for a test: ``n``, a quarter under emulation."""
+    return max(25, n // 4) if EMULATED else n
+
 # On CI (CI=true) every test must run: a missing dependency (llama_cpp,
 # openai, the rpc-server binary) skips whole files, which would pass a broken
 # set-up. Only these may skip there, each for a reason CI cannot change.

@@ -10,7 +10,7 @@ import specgguf
 from specgguf.ops import reference
 from specgguf.ops.ngram import NgramDrafter
 from specgguf.ops.sampling import Sampler
-from tests.conftest import ALPHA, chi2_pvalue
+from tests.conftest import ALPHA, chi2_pvalue, examples
 
 
 def test_uniforms_match_the_reference_and_are_uniform():
@@ -25,7 +25,7 @@ def test_uniforms_match_the_reference_and_are_uniform():
     assert abs(np.corrcoef(u, specgguf.race_uniforms(7, 4, toks))[0, 1]) < 0.03
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(v=st.sampled_from([1, 2, 7, 64, 300, 5000]), k=st.integers(0, 6), seed=st.integers(0, 2**64 - 1),
        pos=st.integers(0, 2**40), sparse=st.floats(0.0, 0.99), data=st.data())
 def test_matches_the_reference_exactly(v, k, seed, pos, sparse, data):

@@ -6,6 +6,7 @@ from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
 import specgguf
+from tests.conftest import examples
 from specgguf.ops import reference
 
 TIE = 1e-9  # decisions closer than this (relative) to a threshold may round either way
@@ -32,7 +33,7 @@ def rounds(draw, max_v=600, max_k=6):
     return target, draft, tokens.astype(np.int64), u
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(rounds())
 def test_accept_matches_reference(case):
     target, draft, tokens, u = case
@@ -42,14 +43,14 @@ def test_accept_matches_reference(case):
         assert got == (n, tok)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(rounds())
 def test_greedy_matches_reference(case):
     target, _, tokens, _ = case
     assert specgguf.verify_greedy(target, tokens) == reference.verify_greedy(target, tokens)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(rounds(max_v=3000))
 def test_kernel_paths_agree_bit_for_bit(case):
     target, draft, tokens, u = case
@@ -156,7 +157,7 @@ def test_torch_tensors():
     assert specgguf.accept_uniforms(t, torch.tensor([[0.5, 0.5]]), torch.tensor([1]), [0.0, 0.5]) == (1, 0)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(rounds())
 def test_accept_onehot_equals_accept_with_onehot_rows(case):
     """The point-mass path needs no draft rows but must decide exactly as accept()."""
