@@ -7,7 +7,7 @@ import os
 import sys
 from typing import List
 
-from .options import Parser, add_model_args, load_pair
+from .options import Parser, _number, add_model_args, load_pair
 from .engine.policy import CostModel
 
 
@@ -73,12 +73,11 @@ CHECK_TEXT = "Write a short essay about the history of the printing press.\n\n"
 def check_pair_main(argv: List[str]) -> int:
     ap = Parser(prog="python -m specgguf check-pair", description=CHECK_PAIR_DESCRIPTION)
     add_model_args(ap)
-    ap.add_argument("-n", "--tokens", type=int, default=48, help="tokens generated on the sample text (48)")
+    ap.add_argument("-n", "--tokens", type=_number(int, 8, 1024), default=48,
+                    help="tokens generated on the sample text, 8-1024 (48)")
     args = ap.parse_args(argv)
     if args.draft == "ngram":
         ap.error("check-pair checks a draft model; --draft ngram needs no check")
-    if not 8 <= args.tokens <= 1024:
-        ap.error(f"--tokens must be within 8-1024, got {args.tokens}")
     llm = load_pair(args)  # refuses a pair that cannot work, naming the model
     print(f"target: {llm.names[0]} ({llm.pair.target_llm.n_vocab()} tokens)")
     print(f"draft:  {llm.names[1]} ({llm.pair.draft_llm.n_vocab()} tokens)")

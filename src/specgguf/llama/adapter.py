@@ -13,7 +13,7 @@ which is what keeps sampling exact.
 from __future__ import annotations
 
 import time
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 

