@@ -23,8 +23,7 @@ import time
 import llama_cpp
 import numpy as np
 
-from specgguf.llama import model
-
+from specgguf.llama import model as llama_model
 from specgguf.llama import models
 from specgguf.api import SpeculativeLlama
 from specgguf.llama.model import LlamaModel
@@ -49,10 +48,10 @@ def in_run(spec: SpeculativeLlama, target, reps: int):
     seen = {}
     original = llama_model.LlamaModel._decode
 
-    def timed(self, seq, start, end, first_logit, out):
+    def timed(self, todo):
         t0 = time.perf_counter()
-        original(self, seq, start, end, first_logit, out)
-        key = ("target" if self.llm is target else "draft", end - start)
+        original(self, todo)
+        key = ("target" if self.llm is target else "draft", len(todo))
         seen.setdefault(key, []).append(time.perf_counter() - t0)
 
     llama_model.LlamaModel._decode = timed
