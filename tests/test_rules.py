@@ -18,7 +18,7 @@ import specgguf
 from specgguf.config import GenerationConfig, response_format_grammar
 from specgguf.ops.drafter import Draft
 from specgguf.llama.grammar import Grammar
-from specgguf.ops.logits import LogitRules, Penalties
+from specgguf.ops.logits import Cut, LogitRules, Penalties
 from specgguf.ops.sampling import Sampler
 from tests.conftest import ALPHA, chi2_pvalue, msgs
 
@@ -148,16 +148,57 @@ def test_grammar_mask_equals_the_full_mask(vocab_llm):
         full[~allowed] = -np.inf
         for need in (1, 5, 40):
             row = base.copy()
-            g.mask(row, h, need)
+            g.mask(row, h, Cut(need))
             want = np.lexsort((np.arange(n), -full))[:min(need, allowed.sum())]
             got = np.lexsort((np.arange(n), -row))[:len(want)]
             assert list(got) == list(want), (m, need)
             for _ in range(2):  # a full pass is kept for the state, and the kept set masks alike
                 row = base.copy()
-                g.mask(row, h, need, g.key(text[:m]))
+                g.mask(row, h, Cut(need), g.key(text[:m]))
                 assert list(np.lexsort((np.arange(n), -row))[:len(want)]) == list(want), (m, need)
         assert text[m] in np.flatnonzero(allowed)  # the text is in the language
     assert g.allowed  # restrictive states were scanned in full once, and kept
+    g.close()
+
+
+def test_grammar_mask_warps_as_the_full_mask(vocab_llm):
+    """Stopped early by min-p and top-p, the masked row warps to exactly (bit
+    for bit) what the fully masked row warps to, for several truncations and
+    temperatures, at every state of a JSON text and for rows as a model
+    gives them (a few strong candidates over a spread tail): the shortcut
+    changes the cost, never the distribution. It must also be taken (a
+    state allowing a handful of tokens is not scanned in full)."""
+    from specgguf.config import schema_grammar
+    from specgguf.ops.sampling import warp
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "legs": {"type": "integer"}},
+              "required": ["name", "legs"]}
+    vocab, n = vocab_llm._model.vocab, vocab_llm.n_vocab()
+    g = Grammar(vocab, n, schema_grammar(schema))
+    text = vocab_llm.tokenize(b'{"name":"Felix","legs":4}', add_bos=False)
+    checked = []
+    real_check = g._check
+    g._check = lambda h, ids, logits: (checked.append(len(ids)), real_check(h, ids, logits))[1]
+    rng = np.random.default_rng(1)
+    cuts = [Cut(40, 0.95, 0.05), Cut(40, 1.0, 0.05), Cut(40, 0.9, 0.0), Cut(0, 0.95, 0.05), Cut(8, 0.5, 0.1)]
+    shortcuts = 0
+    for m in range(len(text)):
+        h = g.state(text[:m])
+        allowed = real_check(h, np.arange(n), np.zeros(n, np.float32))
+        for trial in range(3):
+            base = (rng.standard_normal(n) * (1.0 + trial)).astype(np.float32)
+            base[rng.choice(np.flatnonzero(allowed), min(3, allowed.sum()), replace=False)] += 6.0 * trial
+            base[rng.integers(0, n, 4)] += 8.0  # strong candidates the grammar may forbid
+            full = np.where(allowed, base, -np.inf).astype(np.float32)
+            for cut in cuts:
+                row = base.copy()
+                checked.clear()
+                g.mask(row, h, cut)
+                shortcuts += sum(checked) < allowed.size and np.isneginf(row[~allowed]).all()
+                for temp in (0.7, 1.3):
+                    want = warp(full[None, :], temp, cut.top_k, cut.top_p, cut.min_p)
+                    got = warp(row[None, :], temp, cut.top_k, cut.top_p, cut.min_p)
+                    assert np.array_equal(got, want), (m, trial, cut, temp)
+    assert shortcuts > 20, shortcuts
     g.close()
 
 

@@ -146,14 +146,17 @@ class Grammar:
         """What identifies ``generated``'s state until the next commit."""
         return tuple(int(t) for t in generated[len(self.committed):])
 
-    def mask(self, row: np.ndarray, handle, need: int, key: Optional[Tuple[int, ...]] = None) -> None:
+    def mask(self, row: np.ndarray, handle, cut, key: Optional[Tuple[int, ...]] = None) -> None:
         """Set forbidden tokens of ``row`` (``[V]`` float32, in place) to -inf,
-        checking candidates best first until ``need`` allowed ones are found
-        (0: every token). The tokens left unchecked rank below ``need``
-        allowed ones (ties to the lower id, as the argmax and top-k break
-        them), so the argmax (need 1) and a top-k cut (need k) are exactly
-        those of the fully masked row, at a fraction of the cost. ``key``
-        (see :meth:`key`) reuses a full pass made for the same state."""
+        checking candidates best first, a chunk at a time, until ``cut`` (a
+        :class:`~specgguf.ops.logits.Cut`: what the warp reads) is settled.
+        Stopped past ``top_k`` allowed tokens, the unchecked ones rank below
+        them (ties to the lower id, as the argmax and top-k break them) and
+        are left as they are; stopped earlier (min-p and top-p settled it),
+        they are set to -inf, which changes nothing the warp keeps. Either
+        way the warp's output is the fully masked row's, at a fraction of
+        the cost. ``key`` (see :meth:`key`) reuses a full pass made for the
+        same state."""
         if handle is None:
             return
         head = row[:self.n_vocab]
@@ -161,30 +164,34 @@ class Grammar:
         if key is not None and key in self.allowed:
             head[~self.allowed[key]] = -np.inf
             return
-        if need == 1:  # greedy: the argmax is allowed most of the time
+        if cut.top_k == 1:  # greedy: the argmax is allowed most of the time
             best = int(np.argmax(head))
             if self._check(handle, np.array([best]), head[best:best + 1])[0]:
                 return
         finite = np.flatnonzero(np.isfinite(head))
         values = head[finite]  # the order to check in: before any is masked
-        size = self.CHUNK if 0 < need < len(finite) else len(finite)
-        done, found = 0, 0
+        size = self.CHUNK
+        done, kept = 0, []
         while done < len(finite):
             if size >= len(finite):
-                pick = np.arange(len(finite))
+                pick, below = np.arange(len(finite)), -np.inf
             else:
-                cut = np.partition(values, len(finite) - size)[len(finite) - size]
-                pick = np.flatnonzero(values >= cut)  # ties at the cut included
+                below = np.partition(values, len(finite) - size)[len(finite) - size]
+                pick = np.flatnonzero(values >= below)  # ties at the cut included
             pick = pick[np.lexsort((finite[pick], -values[pick]))][done:]
             ids = finite[pick]
             ok = self._check(handle, ids, values[pick])
             head[ids[~ok]] = -np.inf
-            found += int(ok.sum())
+            kept.append(values[pick][ok])
             done += len(ids)
-            if need and found >= need:
+            allowed = np.concatenate(kept)
+            if cut.top_k and len(allowed) >= cut.top_k:
+                break
+            if done < len(finite) and cut.settled(allowed, float(below), len(finite) - done):
+                head[finite[values < below]] = -np.inf
                 break
             size *= 8
         if done == len(finite) and key is not None and len(finite) == self.n_vocab:
             self.allowed[key] = np.isfinite(head)
-        if found == 0:
+        if not any(len(k) for k in kept):
             raise ValueError("grammar: no token is allowed here (the grammar cannot continue)")

@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import _core
 from .drafter import Draft
-from .logits import LogitRules, Logprobs, Penalties
+from .logits import Cut, LogitRules, Logprobs, Penalties
 from .verify import GeneratorLike, accept, accept_invariant, accept_onehot, as_generator, race_pick, verify_greedy
 
 RULES = ("greedy", "exact", "invariant")
@@ -87,10 +87,10 @@ class Sampler:
         self.emitted_p: Dict[int, float] = {}  # exact rule: the target's p(x) of each token emitted, by position
         self.rules = rules if rules is not None and rules.active else None
         self.logprobs = Logprobs(logprobs) if logprobs is not None else None
-        # How many of a row's best tokens the warp reads: what a grammar must check.
-        self.need = 1 if rule == "greedy" else (warping[1] if warping[1] > 0 else 0)
-        # Untruncated rows under a grammar, verified by the race: check race winners, not the whole row.
-        self.race_grammar = (rule == "invariant" and self.need == 0 and self.rules is not None
+        # What of a row the warp reads: what a grammar must check.
+        self.cut = Cut(1) if rule == "greedy" else Cut(max(0, warping[1]), warping[2], warping[3])
+        # Rows with no top-k under a grammar, verified by the race: check race winners, not the whole row.
+        self.race_grammar = (rule == "invariant" and self.cut.top_k == 0 and self.rules is not None
                              and self.rules.grammar is not None)
 
     @classmethod
@@ -136,7 +136,7 @@ class Sampler:
     def _ruled(self, logits: np.ndarray, context: Sequence[int]) -> np.ndarray:
         if self.rules is None:
             return logits
-        return self.rules.apply(logits, context, self.origin, self.need, grammar=not self.race_grammar)
+        return self.rules.apply(logits, context, self.origin, self.cut, grammar=not self.race_grammar)
 
     def _rows(self, logits: np.ndarray, context: Sequence[int]) -> Tuple[np.ndarray, Optional[List[int]]]:
         """The verifier's rows, and under :attr:`race_grammar` each row's race winner."""
