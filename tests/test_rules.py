@@ -379,6 +379,11 @@ def test_logprobs_are_the_targets(spec):
     (dict(frequency_penalty=3.0), "frequency_penalty"),
     (dict(tools=[{"type": "function", "function": {"name": "f"}}] * 50), "tools"),
     (dict(tool_choice="required"), "tool_choice"),
+    (dict(mirostat_mode=2), "mirostat_mode"),
+    (dict(typical_p=0.5), "typical_p"),
+    (dict(grammar='root ::= "a"', response_format={"type": "json_object"}), "response_format and grammar"),
+    (dict(top_logprobs=2), "top_logprobs needs logprobs"),
+    (dict(frobnicate=1), "frobnicate"),
 ])
 def test_bad_settings_are_named_and_the_pair_stays_usable(spec, bad, match):
     with pytest.raises((TypeError, ValueError), match=match) as e:

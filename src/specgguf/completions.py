@@ -21,8 +21,9 @@ import time
 import uuid
 from typing import Any, Callable, Dict, Iterator, List, Optional, Union
 
-from .config import GenerationConfig, response_format_grammar
+from .config import GenerationConfig
 from .llama.text import check_messages
+from .request_fields import NEUTRAL_LLAMA, check_neutral, grammar_of, logprobs_of
 
 
 def _fingerprint() -> str:
@@ -35,27 +36,16 @@ def _fingerprint() -> str:
 
 FINGERPRINT = _fingerprint()  # system_fingerprint: the package and its version
 
-# (argument, the value that means "not used"): anything else would change the output.
-UNSUPPORTED = {
-    "suffix": None, "typical_p": 1.0, "tfs_z": 1.0, "mirostat_mode": 0, "stopping_criteria": None,
-    "logits_processor": None, "functions": None, "function_call": None, "tools": None, "n": 1,
-}
 IGNORED = {"mirostat_tau", "mirostat_eta", "model", "user", "stream_options", "penalize_nl", "parallel_tool_calls"}
 RULES = {"frequency_penalty", "presence_penalty", "repeat_penalty", "logit_bias", "grammar", "response_format",
          "logprobs", "top_logprobs", "tool_choice"}
 
 
 def check_unsupported(kwargs: Dict[str, Any]) -> None:
-    """Raise ValueError for an argument whose value specgguf cannot honour."""
-    for name, neutral in UNSUPPORTED.items():
-        value = kwargs.get(name, neutral)
-        if value is None or value == neutral:
-            continue
-        if name in ("tools", "functions") and not value:
-            continue  # empty: nothing asked
-        shown = f"a list of {len(value)}" if isinstance(value, (list, tuple)) else repr(value)
-        raise ValueError(f"{name}={shown} is not supported by specgguf")
-    unknown = sorted(set(kwargs) - set(UNSUPPORTED) - IGNORED - RULES)
+    """Raise ValueError for an argument whose value specgguf cannot honour,
+    TypeError for one llama-cpp-python does not take either."""
+    check_neutral(kwargs, NEUTRAL_LLAMA)
+    unknown = sorted(set(kwargs) - set(NEUTRAL_LLAMA) - IGNORED - RULES)
     if unknown:
         raise TypeError(f"unexpected keyword argument(s): {', '.join(unknown)}")
 
@@ -64,29 +54,14 @@ def rule_settings(kwargs: Dict[str, Any], chat: bool) -> Dict[str, Any]:
     """The :class:`GenerationConfig` settings of llama-cpp-python's arguments
     that change the distribution: penalties, ``logit_bias``, ``grammar`` (a
     ``LlamaGrammar`` or GBNF text), ``response_format`` (JSON), and
-    ``logprobs`` (completions: the number of alternatives; chat:
-    ``logprobs=True`` with ``top_logprobs``)."""
+    ``logprobs`` (:func:`~specgguf.request_fields.logprobs_of`)."""
     out = {k: kwargs[k] for k in ("frequency_penalty", "presence_penalty", "repeat_penalty", "logit_bias")
            if kwargs.get(k) is not None}
-    grammar = kwargs.get("grammar")
+    grammar, logprobs = grammar_of(kwargs), logprobs_of(kwargs, chat)
     if grammar is not None:
-        out["grammar"] = grammar if isinstance(grammar, str) else getattr(grammar, "_grammar", grammar)
-    fmt_grammar = response_format_grammar(kwargs.get("response_format"))
-    if fmt_grammar is not None:
-        if grammar is not None:
-            raise ValueError("grammar and a JSON response_format are two grammars: give one")
-        out["grammar"] = fmt_grammar
-    choice = kwargs.get("tool_choice")
-    if choice not in (None, "none", "auto"):
-        raise ValueError(f"tool_choice={choice!r} is not supported by specgguf (no tool calling)")
-    lp, top = kwargs.get("logprobs"), kwargs.get("top_logprobs")
-    if chat:
-        if top is not None and not lp:
-            raise ValueError("top_logprobs needs logprobs=True")
-        if lp:
-            out["logprobs"] = 0 if top is None else top
-    elif lp is not None and lp is not False:
-        out["logprobs"] = lp
+        out["grammar"] = grammar
+    if logprobs is not None:
+        out["logprobs"] = logprobs
     return out
 
 

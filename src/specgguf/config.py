@@ -87,6 +87,10 @@ def _stops(value: object) -> Tuple[str, ...]:
     return tuple(s for s in value if s)
 
 
+# The settings applied to a row before the warp (specgguf.ops.logits): a regime of their own.
+RULE_FIELDS = ("logit_bias", "repeat_penalty", "frequency_penalty", "presence_penalty", "penalty_last_n", "grammar")
+
+
 @dataclass(frozen=True)
 class GenerationConfig:
     """Sampling and drafting settings of one generation (frozen, validated).
@@ -214,8 +218,7 @@ class GenerationConfig:
         never used at another."""
         base = "greedy" if self.greedy else (f"t{self.temperature:.2f}-k{self.top_k}-p{self.top_p:.2f}-"
                                              f"m{self.min_p:.2f}-{self.verification}")
-        rules = (self.logit_bias, self.repeat_penalty, self.frequency_penalty, self.presence_penalty,
-                 self.penalty_last_n, self.grammar)
-        if rules == ((), 1.0, 0.0, 0.0, 64, None):
+        rules = tuple(getattr(self, name) for name in RULE_FIELDS)
+        if rules == tuple(GenerationConfig.__dataclass_fields__[name].default for name in RULE_FIELDS):
             return base
         return base + "-r" + hashlib.sha256(repr(rules).encode()).hexdigest()[:8]

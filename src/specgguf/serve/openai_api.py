@@ -16,8 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, List, Optional, Union
 
-from ..config import TOP_LOGPROBS_MAX, GenerationConfig, response_format_grammar, schema_grammar
+from ..config import GenerationConfig
 from ..llama.text import check_messages
+from ..request_fields import NEUTRAL_HTTP, FieldError, Unsupported, check_neutral, grammar_of, logprobs_of
 
 
 class BadRequest(ValueError):
@@ -37,9 +38,6 @@ def error_body(message: str, kind: str = "invalid_request_error", param: Optiona
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-# Fields accepted with only their neutral value (anything else would change the output).
-NEUTRAL = {"best_of": 1, "suffix": None, "tools": None, "functions": None, "function_call": None,
-           "parallel_tool_calls": None, "typical_p": 1, "tfs_z": 1, "mirostat_mode": 0}
 IGNORED = {"model", "user", "metadata", "store", "service_tier"}
 SAMPLING = {"max_tokens": "max_tokens", "max_completion_tokens": "max_tokens", "temperature": "temperature",
             "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed", "stop": "stop",
@@ -47,7 +45,7 @@ SAMPLING = {"max_tokens": "max_tokens", "max_completion_tokens": "max_tokens", "
             "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
             "repeat_penalty": "repeat_penalty", "repeat_last_n": "penalty_last_n", "logit_bias": "logit_bias",
             "grammar": "grammar"}
-COMMON = set(NEUTRAL) | IGNORED | set(SAMPLING) | {"stream", "stream_options", "response_format", "json_schema",
+COMMON = set(NEUTRAL_HTTP) | IGNORED | set(SAMPLING) | {"stream", "stream_options", "response_format", "json_schema",
                                                     "n", "logprobs", "tool_choice"}
 FIELDS = {"completions": COMMON | {"prompt", "echo"}, "chat": COMMON | {"messages", "top_logprobs"}}
 N_MAX = 16  # choices per request
@@ -80,21 +78,6 @@ class Call:
                 for _ in self.prompts for j in range(self.n)]
 
 
-def _empty(value: Any) -> bool:
-    return value is None or value == {} or value == [] or value is False
-
-
-def _check_neutral(body: dict) -> None:
-    for name, neutral in NEUTRAL.items():
-        if name in body and not _empty(body[name]) and body[name] != neutral:
-            raise BadRequest(f"{name} is not supported by specgguf (only {neutral!r} or absent)", name,
-                             "unsupported_parameter")
-    choice = body.get("tool_choice")
-    if choice not in (None, "none", "auto"):
-        raise BadRequest("tool_choice: specgguf does not call tools (only \"none\" or \"auto\" without tools)",
-                         "tool_choice", "unsupported_parameter")
-
-
 def _prompts(body: dict, kind: str) -> list:
     if kind == "chat":
         if "messages" not in body:
@@ -117,38 +100,8 @@ def _prompts(body: dict, kind: str) -> list:
     raise BadRequest("prompt must be a string, a list of token ids, or a list of those", "prompt")
 
 
-def _grammar(body: dict) -> Optional[str]:
-    """The grammar of ``response_format`` or llama-server's ``json_schema`` (one at most)."""
-    asked = [k for k in ("grammar", "response_format", "json_schema") if not _empty(body.get(k))
-             and body.get(k) != {"type": "text"}]
-    if len(asked) > 1:
-        raise BadRequest(f"{asked[0]} and {asked[1]} each set a grammar: give one", asked[1])
-    try:
-        if body.get("json_schema") not in (None, {}):
-            return schema_grammar(body["json_schema"])
-        return response_format_grammar(body.get("response_format"))
-    except (TypeError, ValueError) as e:
-        raise BadRequest(str(e), "json_schema" if "json_schema" in asked else "response_format") from None
-
-
-def _logprobs(body: dict, kind: str) -> Optional[int]:
-    lp = body.get("logprobs")
-    if kind == "chat":
-        top = body.get("top_logprobs")
-        if lp not in (None, True, False):
-            raise BadRequest("logprobs must be true or false", "logprobs")
-        if top is not None and not lp:
-            raise BadRequest("top_logprobs needs logprobs: true", "top_logprobs")
-        if not lp:
-            return None
-        if top is not None and (not isinstance(top, int) or isinstance(top, bool) or not 0 <= top <= TOP_LOGPROBS_MAX):
-            raise BadRequest(f"top_logprobs must be an int in [0, {TOP_LOGPROBS_MAX}]", "top_logprobs")
-        return top or 0
-    if lp is None or lp is False:
-        return None
-    if not isinstance(lp, int) or isinstance(lp, bool) or not 0 <= lp <= TOP_LOGPROBS_MAX:
-        raise BadRequest(f"logprobs must be an int in [0, {TOP_LOGPROBS_MAX}] (the alternatives per token)", "logprobs")
-    return lp
+def _field_error(e: FieldError) -> BadRequest:
+    return BadRequest(str(e), e.field, "unsupported_parameter" if isinstance(e, Unsupported) else None)
 
 
 def _config(body: dict, kind: str, defaults: GenerationConfig) -> GenerationConfig:
@@ -159,10 +112,12 @@ def _config(body: dict, kind: str, defaults: GenerationConfig) -> GenerationConf
     bias = settings.get("logit_bias")
     if isinstance(bias, dict) and any(isinstance(v, (int, float)) and not -100 <= v <= 100 for v in bias.values()):
         raise BadRequest("logit_bias values must be in [-100, 100]", "logit_bias")
-    grammar = _grammar(body)
+    try:
+        grammar, lp = grammar_of(body), logprobs_of(body, kind == "chat")
+    except FieldError as e:
+        raise _field_error(e) from None
     if grammar is not None:
         settings["grammar"] = grammar
-    lp = _logprobs(body, kind)
     if lp is not None:
         settings["logprobs"] = lp
     try:
@@ -180,7 +135,10 @@ def parse(body: Any, kind: str, defaults: GenerationConfig) -> Call:
     unknown = sorted(set(body) - FIELDS[kind])
     if unknown:
         raise BadRequest(f"unrecognized request argument supplied: {unknown[0]}", unknown[0])
-    _check_neutral(body)
+    try:
+        check_neutral(body, NEUTRAL_HTTP)
+    except FieldError as e:
+        raise _field_error(e) from None
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise BadRequest("stream must be true or false", "stream")
