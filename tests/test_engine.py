@@ -255,3 +255,17 @@ def test_the_batch_policy_probes_an_unknown_draft_and_reads_nothing_before_a_for
     p.draft.observe(1, 0.005)
     p.draft.observe(30, 0.02)
     assert max(p.choose(views)) == BatchPolicy.PROBE_K  # acceptance unknown: a bounded probe
+
+
+def test_a_next_turn_reports_the_prompt_tokens_its_slot_held(pairs):
+    """usage.prompt_tokens_details.cached_tokens on the engine's path: a
+    conversation's next turn finds its earlier prompt in a slot."""
+    many, _ = pairs
+    first = chat("Name a colour.")
+    r1 = many.generate(first, max_tokens=6, k=0, chat=True)
+    follow = first + [{"role": "assistant", "content": r1.text}, {"role": "user", "content": "And another?"}]
+    r2 = many.generate(follow, max_tokens=4, k=0, chat=True)
+    n_first = r1.stats["prompt_tokens"]
+    assert n_first - 1 <= r2.stats["cached_tokens"] < r2.stats["prompt_tokens"], (r1.stats, r2.stats)
+    completion = many.create_chat_completion(follow, max_tokens=4, temperature=0)
+    assert completion["usage"]["prompt_tokens_details"]["cached_tokens"] >= n_first - 1

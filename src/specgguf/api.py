@@ -231,6 +231,7 @@ class SpeculativeLlama(CompletionMethods):
         produced: List[int] = []
         yield from self._decode(iter(ticket), out, should_stop, produced, True, sampler, ticket.stats)
         result = self._result(ticket, out, produced[:out.n_tokens()], len(ids), time.perf_counter() - t0, before)
+        result.stats["cached_tokens"] = ticket.cached
         result.stats["why"] = self.engine.explain(config.regime) if config.k == "auto" else None
         yield result
 

@@ -65,6 +65,7 @@ class Ticket:
         self.cancelled = False
         self.after_miss = False
         self.slot: Optional[int] = None
+        self.cached = 0  # prompt tokens its slot held already (evaluated for an earlier request)
 
     def __iter__(self):
         try:
@@ -198,6 +199,7 @@ class Engine:
                 t.queue.put(_END)
                 continue
             t.slot = max(free, key=lambda i: common_prefix(self.target.cache[i], t.ids))
+            t.cached = max(0, len(t.ids) - self.target.lag(t.ids, t.slot))
             self.slots[t.slot] = t
 
     def _views(self, active: Sequence[Ticket]) -> List[SlotView]:
