@@ -268,7 +268,7 @@ py::array_t<float> py_warp(py::handle logits, double temperature, long long top_
     {
         py::gil_scoped_release nogil;
         const Kernels& kern = *g_kernel.load();
-        WarpScratch scratch;
+        thread_local WarpScratch scratch;  // kept per thread: a row's buffers are not allocated per call
         for (std::size_t r = 0; r < n && bad_row == n; ++r)
             if (!warp_row(kern, lg.data() + r * v, v, wp, out.mutable_data() + r * v, scratch)) bad_row = r;
     }

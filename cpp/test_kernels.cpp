@@ -72,6 +72,21 @@ int main() {
             ref.exp_row(lg.data(), v, 3.f, 1.7f, e0.data());
             kern.exp_row(lg.data(), v, 3.f, 1.7f, e1.data());
             check(std::memcmp(e0.data(), e1.data(), v * 4) == 0, "exp_row", kern.name, v);
+            // The compare passes the warp's cuts and top-k skip most of a row with.
+            std::vector<std::uint32_t> i0(v), i1(v);
+            for (float t : {-INFINITY, -20.f, 0.f, 2.9f, 3.f, 40.f}) {
+                const std::size_t c0 = ref.indices_above(lg.data(), v, t, i0.data());
+                const std::size_t c1 = kern.indices_above(lg.data(), v, t, i1.data());
+                check(c0 == c1 && std::memcmp(i0.data(), i1.data(), c0 * 4) == 0, "indices_above", kern.name, v);
+                for (std::size_t from : {(std::size_t)0, v / 3, v - 1}) {
+                    const std::size_t f = kern.first_above(lg.data() + from, v - from, t);
+                    std::size_t want = v - from;
+                    for (std::size_t j = from; j < v; ++j)
+                        if (lg[j] > t) { want = j - from; break; }
+                    check(f == want && ref.first_above(lg.data() + from, v - from, t) == want, "first_above",
+                          kern.name, v);
+                }
+            }
             const WarpParams settings[] = {{0.8, 0, 1.0, 0.0}, {0.8, 40, 0.95, 0.05}, {1.3, 0, 0.9, 0.0},
                                            {0.5, 0, 1.0, 0.05}, {1.0, 2000, 0.99, 0.0}};
             WarpScratch ws;

@@ -67,7 +67,8 @@ float quick_sum_scalar(const float* x, std::size_t n, float* mn) {
 }
 
 const Kernels kScalar = {"scalar", argmax_scalar, chunk_sums_t<ScalarIsa>,
-                         residual_chunk_sums_t<ScalarIsa>, quick_sum_scalar, exp_row_t<FloatLane>};
+                         residual_chunk_sums_t<ScalarIsa>, quick_sum_scalar, exp_row_t<FloatLane>,
+                         first_above_t<FloatLane>, indices_above_t<FloatLane>};
 
 double total(const double* chunks, std::size_t nc) {
     double s = 0.0;

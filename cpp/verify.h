@@ -52,6 +52,13 @@ struct Kernels {
     // out[j] = E((x[j] - top) * scale), E the warp's float32 exp (warp.h):
     // 0 where the argument is below -64 or -inf. Same bits on every path.
     void (*exp_row)(const float* x, std::size_t n, float top, float scale, float* out);
+    // Index of the first j < n with x[j] > t, or n (NaN is never > t). A
+    // vector compare per register until a lane passes: what lets top-k and
+    // the warp's cuts skip the bulk of a row, which lies far below its top.
+    std::size_t (*first_above)(const float* x, std::size_t n, float t);
+    // Writes the indices j < n with x[j] > t to idx, in order; returns how
+    // many (a bit mask per vector: as cheap for many hits as for few).
+    std::size_t (*indices_above)(const float* x, std::size_t n, float t, std::uint32_t* idx);
 };
 
 // Folds kLanes accumulators in the canonical order (SIMD paths use it for a

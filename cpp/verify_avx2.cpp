@@ -64,6 +64,7 @@ struct Avx2Isa {
     static Vf zero_below(Vf y, Vf x, Vf lim) { return _mm256_and_ps(y, _mm256_cmp_ps(x, lim, _CMP_GE_OQ)); }
     static Vf nan_or(Vf acc, Vf a, Vf b) { return _mm256_or_ps(acc, _mm256_cmp_ps(a, b, _CMP_UNORD_Q)); }
     static bool any(Vf m) { return _mm256_movemask_ps(m) != 0; }
+    static unsigned gt_mask(Vf x, Vf t) { return (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(x, t, _CMP_GT_OQ)); }
     static float hsum(Vf v) {
         alignas(32) float l[8];
         _mm256_store_ps(l, v);
@@ -90,7 +91,8 @@ std::size_t argmax_avx2_path(const float* x, std::size_t n, bool* bad) { return 
 
 extern const Kernels kAvx2Kernels = {"avx2", argmax_avx2_path, chunk_sums_t<Avx2Isa>,
                                      residual_chunk_sums_t<Avx2Isa>, quick_sum_t<Avx2Isa>,
-                                     exp_row_t<Avx2Isa>};
+                                     exp_row_t<Avx2Isa>, first_above_t<Avx2Isa>,
+                                     indices_above_t<Avx2Isa>};
 
 }  // namespace specgguf
 #endif

@@ -67,6 +67,7 @@ struct Avx512Isa {
         return _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));
     }
     static Vf zero_below(Vf y, Vf x, Vf lim) { return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, lim, _CMP_GE_OQ), y); }
+    static unsigned gt_mask(Vf x, Vf t) { return (unsigned)_mm512_cmp_ps_mask(x, t, _CMP_GT_OQ); }
     static float hsum(Vf v) { return _mm512_reduce_add_ps(v); }
     static float hmin(Vf v) { return _mm512_reduce_min_ps(v); }
 };
@@ -75,7 +76,8 @@ struct Avx512Isa {
 
 extern const Kernels kAvx512Kernels = {"avx512", argmax_avx2_path, chunk_sums_t<Avx512Isa>,
                                        residual_chunk_sums_t<Avx512Isa>, quick_sum_t<Avx512Isa>,
-                                       exp_row_t<Avx512Isa>};
+                                       exp_row_t<Avx512Isa>, first_above_t<Avx512Isa>,
+                                       indices_above_t<Avx512Isa>};
 
 }  // namespace specgguf
 #endif

@@ -69,6 +69,10 @@ struct NeonIsa {
     static Vf max(Vf a, Vf b) { return vmaxq_f32(a, b); }  // NaN-propagating: the chunk max shows it
     static Vf nan_or(Vf acc, Vf, Vf) { return acc; }
     static bool any(Vf) { return false; }
+    static unsigned gt_mask(Vf x, Vf t) {
+        const uint32x4_t bits = {1u, 2u, 4u, 8u};
+        return vaddvq_u32(vandq_u32(vcgtq_f32(x, t), bits));
+    }
     static float hsum(Vf v) { return vaddvq_f32(v); }
     static float hmin(Vf v) { return vminvq_f32(v); }
     static float hmax(Vf v) { return vmaxvq_f32(v); }
@@ -78,7 +82,8 @@ struct NeonIsa {
 
 extern const Kernels kNeonKernels = {"neon", argmax_t<NeonIsa>, chunk_sums_t<NeonIsa>,
                                      residual_chunk_sums_t<NeonIsa>, quick_sum_t<NeonIsa>,
-                                     exp_row_t<NeonIsa>};
+                                     exp_row_t<NeonIsa>, first_above_t<NeonIsa>,
+                                     indices_above_t<NeonIsa>};
 
 }  // namespace specgguf
 #endif

@@ -32,6 +32,7 @@
 //   static bool any(Vf);                               // any lane of a mask set
 //   static Vf pow2(Vf n);                              // 2^n, n integral in [-126, 127]
 //   static Vf zero_below(Vf y, Vf x, Vf lim);          // x >= lim ? y : 0, per lane
+//   static unsigned gt_mask(Vf x, Vf t);               // bit l set iff lane l has x > t (never for NaN)
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -169,7 +170,35 @@ struct FloatLane {
         return y;
     }
     static Vf zero_below(Vf y, Vf x, Vf lim) { return x >= lim ? y : 0.0f; }
+    static unsigned gt_mask(Vf x, Vf t) { return x > t ? 1u : 0u; }
 };
+
+// Index of the first j < n with x[j] > t, or n: one compare per vector until
+// a vector has such a lane, then that vector lane by lane.
+template <class Isa>
+std::size_t first_above_t(const float* x, std::size_t n, float t) {
+    constexpr std::size_t w = Isa::kWidth;
+    const typename Isa::Vf vt = Isa::splat(t);
+    std::size_t j = 0;
+    while (j + w <= n && !Isa::gt_mask(Isa::load(x + j), vt)) j += w;
+    for (; j < n; ++j)
+        if (x[j] > t) return j;
+    return n;
+}
+
+// The indices j < n with x[j] > t into idx, in order; returns how many.
+template <class Isa>
+std::size_t indices_above_t(const float* x, std::size_t n, float t, std::uint32_t* idx) {
+    constexpr std::size_t w = Isa::kWidth;
+    const typename Isa::Vf vt = Isa::splat(t);
+    std::size_t j = 0, c = 0;
+    for (; j + w <= n; j += w)
+        for (unsigned m = Isa::gt_mask(Isa::load(x + j), vt); m; m &= m - 1)
+            idx[c++] = (std::uint32_t)(j + (std::size_t)__builtin_ctz(m));
+    for (; j < n; ++j)
+        if (x[j] > t) idx[c++] = (std::uint32_t)j;
+    return c;
+}
 
 // E(x), the warp's exp (cpp/warp.h), on every lane: Cephes' expf (range
 // reduction by n = round(x log2 e) with ln 2 in two parts, a degree-5

@@ -45,22 +45,24 @@ inline float float_at_least(double x) {
 }
 
 // c = the k best ranked finite logits, ranked.
-void select_top_k(const float* l, std::size_t v, std::size_t k, std::vector<Cand>& c) {
+void select_top_k(const Kernels& kern, const float* l, std::size_t v, std::size_t k, std::vector<Cand>& c) {
     c.clear();
     if (k <= kHeapMax) {
         // The heap's front is the worst kept candidate. Indices rise, so a
-        // later equal logit never ranks before a kept one: '>' suffices.
-        for (std::size_t j = 0; j < v; ++j) {
-            const float x = l[j];
-            if (x == -kInf) continue;
-            if (c.size() < k) {
-                c.emplace_back(x, (std::uint32_t)j);
-                std::push_heap(c.begin(), c.end(), before);
-            } else if (x > c.front().first) {
-                std::pop_heap(c.begin(), c.end(), before);
-                c.back() = {x, (std::uint32_t)j};
-                std::push_heap(c.begin(), c.end(), before);
-            }
+        // later equal logit never ranks before a kept one: '>' suffices. Once
+        // the heap is full, first_above skips the logits that lose (most of
+        // a row: a vector compare each).
+        std::size_t j = 0;
+        for (; j < v && c.size() < k; ++j) {
+            if (l[j] == -kInf) continue;
+            c.emplace_back(l[j], (std::uint32_t)j);
+            std::push_heap(c.begin(), c.end(), before);
+        }
+        while (c.size() == k && (j += kern.first_above(l + j, v - j, c.front().first)) < v) {
+            std::pop_heap(c.begin(), c.end(), before);
+            c.back() = {l[j], (std::uint32_t)j};
+            std::push_heap(c.begin(), c.end(), before);
+            ++j;
         }
     } else {
         for (std::size_t j = 0; j < v; ++j)
@@ -73,11 +75,37 @@ void select_top_k(const float* l, std::size_t v, std::size_t k, std::vector<Cand
     std::sort(c.begin(), c.end(), before);
 }
 
+// c = every (logit, index) with logit > t, by index.
+void gather_above(const Kernels& kern, const float* l, std::size_t v, float t, std::vector<Cand>& c,
+                  WarpScratch& s) {
+    s.idx.resize(v);
+    const std::size_t n = kern.indices_above(l, v, t, s.idx.data());
+    c.resize(n);
+    for (std::size_t i = 0; i < n; ++i) c[i] = {l[s.idx[i]], s.idx[i]};
+}
+
+// The kept tokens c[0..n) (their logits and indices) into out: e_j at the
+// temperature, times f32(1 / W), W their double sum in c's order; zeros
+// elsewhere. Returns n.
+std::size_t write_kept(const Kernels& kern, const std::vector<Cand>& c, std::size_t n, std::size_t v, float top,
+                       float inv_t, float* out, WarpScratch& s) {
+    s.a.resize(n);
+    s.b.resize(n);
+    for (std::size_t i = 0; i < n; ++i) s.a[i] = c[i].first;
+    kern.exp_row(s.a.data(), n, top, inv_t, s.b.data());
+    double W = 0.0;
+    for (std::size_t i = 0; i < n; ++i) W += s.b[i];
+    const float inv = (float)(1.0 / W);  // W >= 1: the top token's e is E(0) = 1
+    std::memset(out, 0, v * sizeof(float));
+    for (std::size_t i = 0; i < n; ++i) out[c[i].second] = s.b[i] * inv;
+    return n;
+}
+
 // Top-k on: the k survivors are few and ranked, so everything after is on
 // them. Writes the warp into out; returns the number kept.
 std::size_t warp_top_k(const Kernels& kern, const float* l, std::size_t v, std::size_t k, float top,
                        float inv_t, const WarpParams& wp, float* out, WarpScratch& s) {
-    select_top_k(l, v, k, s.cand);
+    select_top_k(kern, l, v, k, s.cand);
     const std::size_t n = s.cand.size();
     s.a.resize(n);
     s.b.resize(n);
@@ -100,51 +128,56 @@ std::size_t warp_top_k(const Kernels& kern, const float* l, std::size_t v, std::
     std::size_t kept = 0;
     for (std::size_t i = 0; i < keep; ++i)
         if (s.b[i] >= floor) s.cand[kept++] = s.cand[i];
-    for (std::size_t i = 0; i < kept; ++i) s.a[i] = s.cand[i].first;
-    kern.exp_row(s.a.data(), kept, top, inv_t, s.b.data());  // the temperature on the kept ones
-    double W = 0.0;
-    for (std::size_t i = 0; i < kept; ++i) W += s.b[i];
-    const float inv = (float)(1.0 / W);  // W >= 1: the top token's e is E(0) = 1
-    std::memset(out, 0, v * sizeof(float));
-    for (std::size_t i = 0; i < kept; ++i) out[s.cand[i].second] = s.b[i] * inv;
-    return kept;
+    return write_kept(kern, s.cand, kept, v, top, inv_t, out, s);  // the temperature on the kept ones
+}
+
+// Every (logit, index) with f32(top - logit) <= d, by index, into c: the
+// row's tokens within d of its top (first_above with a margin, then the
+// distance exactly as the definition computes it).
+void gather_within(const Kernels& kern, const float* l, std::size_t v, float top, float d, std::vector<Cand>& c,
+                   WarpScratch& s) {
+    const double t = (double)top - (double)d;
+    gather_above(kern, l, v, (float)(t - 1e-2 - 1e-6 * std::fabs(t)), c, s);
+    std::size_t n = 0;
+    for (const Cand& x : c)
+        if (top - x.first <= d) c[n++] = x;
+    c.resize(n);
 }
 
 // Top-p over the whole row (no top-k), from the masses m (temperature 1)
-// with total M. Returns the edge: tokens with d < edge are kept; of the bin
-// at the edge, the first `n` of the ranked s.cand. Only that one bin is
-// sorted; tokens too light to matter are not even binned.
-float nucleus(const float* l, const float* m, std::size_t v, float top, double M, double top_p,
-              WarpScratch& s, std::size_t& n) {
+// with total M: appends the kept tokens to `kept`. Tokens lighter than
+// eps = (1 - top_p) M / v hold less than (1 - top_p) M together, so the kept
+// prefix ends before any of them: only tokens within -ln(eps) of the top
+// (plus slack for E's rounding) are looked at, binned by distance, and only
+// the bin where the mass reaches top_p M is sorted.
+void nucleus(const Kernels& kern, const float* l, const float* m, std::size_t v, float top, double M,
+             double top_p, WarpScratch& s, std::vector<Cand>& kept) {
     const double target = top_p * M;
-    // Tokens lighter than eps = (1 - top_p) M / v hold less than (1 - top_p) M
-    // together, so the kept prefix ends before any of them: only distances up
-    // to -ln(eps) (plus slack for E's rounding) are binned.
     const double eps = (1.0 - top_p) * M / (double)v;
-    const float d_max = (float)std::min(64.0, -std::log(eps) + 1e-3);
+    gather_within(kern, l, v, top, (float)std::min(64.0, -std::log(eps) + 1e-3), s.cand, s);
     s.bins.assign(kBins, 0.0);
-    for (std::size_t j = 0; j < v; ++j) {
-        const float d = top - l[j];
-        if (d <= d_max) s.bins[bin_of(d)] += m[j];
-    }
+    for (const Cand& c : s.cand) s.bins[bin_of(top - c.first)] += m[c.second];
     double acc = 0.0;
     std::uint32_t b = 0;
     for (; b < kBins && acc + s.bins[b] < target; ++b) acc += s.bins[b];
-    n = 0;
-    s.cand.clear();
-    if (b == kBins) return kInf;  // rounding kept the sum below the target: keep everything
-    const float lo = bin_floor(b), hi = bin_floor(b + 1);
-    for (std::size_t j = 0; j < v; ++j) {
-        const float d = top - l[j];
-        if (d >= lo && d < hi) s.cand.emplace_back(l[j], (std::uint32_t)j);
+    if (b == kBins) {  // rounding kept the sum below the target: keep everything
+        gather_above(kern, l, v, -kInf, kept, s);
+        return;
     }
+    const float lo = bin_floor(b), hi = bin_floor(b + 1);
+    std::size_t edge = 0;  // s.cand: the tokens before the edge bin to `kept`, the edge bin to the front
+    for (const Cand& c : s.cand) {
+        const float d = top - c.first;
+        if (d < lo) kept.push_back(c);
+        else if (d < hi) s.cand[edge++] = c;
+    }
+    s.cand.resize(edge);
     std::sort(s.cand.begin(), s.cand.end(), before);
-    while (n < s.cand.size()) {
-        acc += m[s.cand[n].second];
-        ++n;
+    for (const Cand& c : s.cand) {
+        kept.push_back(c);
+        acc += m[c.second];
         if (acc >= target) break;
     }
-    return lo;
 }
 
 // The canonical double sum of x[0..v) (verify.h), the same on every path.
@@ -154,17 +187,6 @@ double row_sum(const Kernels& kern, const float* x, std::size_t v, WarpScratch& 
     double total = 0.0;
     for (double c : s.chunks) total += c;
     return total;
-}
-
-// Writes out = e * (1 / W), W the canonical sum of e (out); returns how many are > 0.
-std::size_t normalize(const Kernels& kern, float* out, std::size_t v, WarpScratch& s) {
-    const float inv = (float)(1.0 / row_sum(kern, out, v, s));  // >= 1: the top token's e is E(0) = 1
-    std::size_t kept = 0;
-    for (std::size_t j = 0; j < v; ++j) {
-        out[j] *= inv;
-        kept += out[j] > 0.0f;
-    }
-    return kept;
 }
 
 }  // namespace
@@ -178,23 +200,36 @@ std::size_t warp_row(const Kernels& kern, const float* logits, std::size_t v, co
     if (wp.top_k > 0 && wp.top_k < v) return warp_top_k(kern, logits, v, wp.top_k, top, inv_t, wp, out, s);
     if (wp.top_p >= 1.0 && wp.min_p <= 0.0) {  // no truncation: the softmax at the temperature
         kern.exp_row(logits, v, top, inv_t, out);
-        return normalize(kern, out, v, s);
+        const float inv = (float)(1.0 / row_sum(kern, out, v, s));  // >= 1: the top token's e is E(0) = 1
+        for (std::size_t j = 0; j < v; ++j) out[j] *= inv;
+        return v;
     }
-    // Top-p and/or min-p over the whole row: masses at temperature 1 first.
-    s.m.resize(v);
-    kern.exp_row(logits, v, top, 1.0f, s.m.data());
-    float edge = kInf;
-    std::size_t n = 0;
-    if (wp.top_p < 1.0) edge = nucleus(logits, s.m.data(), v, top, row_sum(kern, s.m.data(), v, s), wp.top_p, s, n);
-    kern.exp_row(logits, v, top, inv_t, out);  // the temperature, then the cut
-    s.b.resize(n);
-    for (std::size_t i = 0; i < n; ++i) s.b[i] = out[s.cand[i].second];
+    // Top-p and/or min-p over the whole row: the kept tokens found first, the
+    // temperature's exps taken on them alone.
     const float floor = float_at_least(wp.min_p);
-    const float* m = s.m.data();
-    for (std::size_t j = 0; j < v; ++j) out[j] = (top - logits[j] < edge && m[j] >= floor) ? out[j] : 0.0f;
-    for (std::size_t i = 0; i < n; ++i)
-        if (m[s.cand[i].second] >= floor) out[s.cand[i].second] = s.b[i];
-    return normalize(kern, out, v, s);
+    std::vector<Cand>& kept = s.kept;
+    kept.clear();
+    if (wp.top_p >= 1.0) {
+        // Min-p alone keeps E(l - top) >= min_p: tokens within -ln(min_p) of the
+        // top (E is 0 below -64; within a few ulp of exp above, which the
+        // margin of gather_within covers); their masses decide.
+        gather_within(kern, logits, v, top, (float)(-std::max(std::log(wp.min_p), -64.0) + 1e-2), kept, s);
+        s.a.resize(kept.size());
+        s.b.resize(kept.size());
+        for (std::size_t i = 0; i < kept.size(); ++i) s.a[i] = kept[i].first;
+        kern.exp_row(s.a.data(), kept.size(), top, 1.0f, s.b.data());
+        std::size_t n = 0;
+        for (std::size_t i = 0; i < kept.size(); ++i)
+            if (s.b[i] >= floor) kept[n++] = kept[i];
+        return write_kept(kern, kept, n, v, top, inv_t, out, s);
+    }
+    s.m.resize(v);  // top-p: the masses at temperature 1, and their canonical total
+    kern.exp_row(logits, v, top, 1.0f, s.m.data());
+    nucleus(kern, logits, s.m.data(), v, top, row_sum(kern, s.m.data(), v, s), wp.top_p, s, kept);
+    std::size_t n = 0;
+    for (const Cand& c : kept)  // min-p, of those
+        if (s.m[c.second] >= floor) kept[n++] = c;
+    return write_kept(kern, kept, n, v, top, inv_t, out, s);
 }
 
 }  // namespace specgguf

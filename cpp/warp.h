@@ -17,13 +17,19 @@
 //     m_j >= min_p.
 //   * p_j = e_j * f32(1 / W) on the kept tokens, with
 //     e_j = E(f32(f32(l_j - top) * f32(1 / temperature))) and W their double
-//     sum; 0 elsewhere.
+//     sum (in an order warp.cpp fixes, the same on every path); 0 elsewhere.
 //
-// Cost: O(v). With no truncation: vector passes for the max, the exps, their
-// sum and the scaling. Min-p alone adds one exp pass and a select. Top-p
-// without top-k bins the tokens by distance below the top (1/16 octave a
-// bin) and sorts only the bin where the mass reaches top_p. Top-k is a heap
-// (k <= 1024; a selection beyond), then everything on the k survivors.
+// Cost: O(v), and most of a row is only compared, never exped. With no
+// truncation: vector passes for the max, the exps, their sum and the
+// scaling. Min-p alone: one compare pass finds the tokens within -ln(min_p)
+// of the top, and only those get exps. Top-p without top-k: the masses'
+// exp pass and their total (the definition needs M), then only the tokens
+// heavy enough to matter are binned by distance below the top (1/16 octave
+// a bin), only the bin where the mass reaches top_p is sorted, and the
+// temperature's exps are taken on the kept tokens alone. Top-k is a heap
+// (k <= 1024; a selection beyond) whose full state skips every logit below
+// its worst kept one a vector compare at a time, then everything on the k
+// survivors.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -44,6 +50,8 @@ struct WarpParams {
 // Reusable buffers of warp_row, so a batch of rows allocates once.
 struct WarpScratch {
     std::vector<std::pair<float, std::uint32_t>> cand;  // (logit, index), ranked
+    std::vector<std::pair<float, std::uint32_t>> kept;  // the tokens a whole-row cut keeps
+    std::vector<std::uint32_t> idx;                     // indices a compare pass found
     std::vector<float> a, b;                            // gathered logits, their exps
     std::vector<float> m;                               // a row's masses at temperature 1
     std::vector<double> bins;                           // mass per distance bin (top-p)
