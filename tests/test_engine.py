@@ -257,6 +257,25 @@ def test_the_batch_policy_probes_an_unknown_draft_and_reads_nothing_before_a_for
     assert max(p.choose(views)) == BatchPolicy.PROBE_K  # acceptance unknown: a bounded probe
 
 
+def test_prompts_and_catch_ups_do_not_bend_the_round_lines():
+    """A prompt's forward and a draft's catch-up cost less per token than a
+    round's. Fitted with the rounds, they flattened both lines (K=8 looked
+    cheap: a promised 1.7x delivered 1.15x); priced at a round's rate, a
+    catch-up kept a new request from ever drafting (its lag grows with
+    each plain round). Now they are kept apart."""
+    p = BatchPolicy(8)
+    target = lambda n: 0.030 + 0.006 * n  # noqa: E731  (rounds of 1..9 tokens)
+    draft = lambda n: 0.007 + 0.009 * n  # noqa: E731
+    for n in (1, 5, 9, 1, 9, 3):
+        p.observe_round(n, target(n), [(2, draft(2), 1)] + [(1, draft(1), 1)] * (n - 1), n, 0.0)
+    p.observe_round(41, 0.2, [(40, 0.1, 1)], 1, 0.0, prompt=True)  # 5 and 2.5 ms a token
+    (at, bt), (ad, bd), _ = p.lines()
+    assert abs(bt - 0.006) < 1e-9 and abs(bd - 0.009) < 1e-9, p.lines()
+    assert p.catchup.known
+    p.estimate("greedy").add_prior(0.9, 1000)
+    assert p.choose([SlotView("greedy", 8, False, 1, 40, 128)])[0] > 0  # a draft 40 tokens behind drafts
+
+
 def test_a_next_turn_reports_the_prompt_tokens_its_slot_held(pairs):
     """usage.prompt_tokens_details.cached_tokens on the engine's path: a
     conversation's next turn finds its earlier prompt in a slot."""

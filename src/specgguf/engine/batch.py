@@ -241,13 +241,14 @@ class Engine:
                     self._free(t, _END)
         t3 = time.perf_counter()
         target_tokens = sum(v.target_lag + len(d.tokens) for v, d in zip(views, drafts))
-        rest = (t3 - t0) - (t2 - t1) - sum(s for _, s in forwards)
-        self.policy.observe_round(target_tokens, t2 - t1, forwards, sum(len(d.tokens) + 1 for d in drafts), rest)
+        rest = (t3 - t0) - (t2 - t1) - sum(f[1] for f in forwards)
+        self.policy.observe_round(target_tokens, t2 - t1, forwards, sum(len(d.tokens) + 1 for d in drafts), rest,
+                                  prompt=any(v.target_lag > 1 for v in views))
         self.policy.round_done({t.regime for t, d in zip(active, drafts) if d.tokens})
 
     def _draft(self, active: Sequence[Ticket], ks: Sequence[int]) -> tuple:
         """Each slot's :class:`~specgguf.ops.drafter.Draft` of up to its K tokens,
-        and the draft forwards run ``[(tokens, seconds)]``."""
+        and the draft forwards run ``[(tokens, seconds, sequences)]``."""
         drafts = [Draft(confidence=[]) for _ in active]
         if self.draft is None:
             return [self.ngram.propose(t.ids, k) if k > 0 else d for t, k, d in zip(active, ks, drafts)], []
@@ -257,7 +258,7 @@ class Engine:
             tokens = sum(self.draft.lag(s, active[i].slot) for i, s in seqs.items())
             t0 = time.perf_counter()
             rows = self.draft.eval_many([(active[i].slot, s, 1) for i, s in seqs.items()])
-            forwards.append((tokens, time.perf_counter() - t0))
+            forwards.append((tokens, time.perf_counter() - t0, len(seqs)))
             for (i, seq), row in zip(list(seqs.items()), rows):
                 try:
                     tok, conf, q = active[i].sampler.pick(row[-1], seq)
