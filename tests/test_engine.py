@@ -276,6 +276,30 @@ def test_prompts_and_catch_ups_do_not_bend_the_round_lines():
     assert p.choose([SlotView("greedy", 8, False, 1, 40, 128)])[0] > 0  # a draft 40 tokens behind drafts
 
 
+def test_a_request_whose_draft_lags_its_prompt_drafts_when_the_catch_up_repays():
+    """Costs as this machine's engine measured them (a draft token a third of
+    a target token, a catch-up 7 ms a token) and a draft accepting 0.95: a
+    new request 20 tokens ahead of its draft drafts at once (the catch-up,
+    0.27 s, against 0.6 s saved over 127 tokens). When a
+    catch-up was spread over the rounds left instead of the tokens, it had
+    to repay itself E(K) times over, and such a request ran 128 plain rounds
+    (its lag, and so its catch-up, growing with each); re-exploring at
+    K=3 only could not pay here either."""
+    def fit(line, a, b):
+        for n in (1, 9) * 5:
+            line.observe(n, a + b * n)
+    p = BatchPolicy(8)
+    fit(p.target, 0.0354, 0.0087)
+    fit(p.draft, 0.0049, 0.0151)
+    fit(p.catchup, 0.138, 0.0083)
+    fit(p.rows, 0.0, 0.0002)
+    p.estimate("greedy").add_prior(0.95, 20)
+    assert p.choose([SlotView("greedy", 8, False, 1, 20, 127)])[0] >= 3
+    p.idle["greedy"] = BatchPolicy.EXPLORE_EVERY  # a lone slot long without drafting re-explores every K
+    assert p.choose([SlotView("greedy", 8, False, 1, 20, 127)])[0] >= 3
+    assert p.choose([SlotView("greedy", 8, False, 1, 20, 2)]) == [0]  # two tokens left: not worth it
+
+
 def test_a_next_turn_reports_the_prompt_tokens_its_slot_held(pairs):
     """usage.prompt_tokens_details.cached_tokens on the engine's path: a
     conversation's next turn finds its earlier prompt in a slot."""

@@ -97,7 +97,7 @@ class BatchPolicy:
     PROBE_K = 3           # while a regime's acceptance is unknown, its slots draft this many
     PROBE_EVIDENCE = 16   # draft positions verified before the estimate is trusted
     EXPLORE_EVERY = 48    # rounds without drafting in a regime before a lone slot tries again
-    HORIZON = 32          # most rounds a catch-up's cost is spread over
+    HORIZON = 256         # most tokens a catch-up's cost is spread over
     DRAFT_PRIOR = 0.5     # before any draft forward is timed: a draft token costs half a target token
     STEADY = 2            # draft tokens a sequence in a forward without catch-up (its last draft and the bonus)
 
@@ -120,12 +120,19 @@ class BatchPolicy:
         return self.acceptance[regime]
 
     def _gains(self, s: SlotView, alone: bool) -> List[float]:
-        """Expected tokens the slot emits at K = 0..cap. While the regime's
-        acceptance is unknown, or (for a lone slot: under load a probe's
-        catch-up stalls every slot) after EXPLORE_EVERY rounds without
-        drafting, the optimistic figure for PROBE_K tokens."""
+        """Expected tokens the slot emits at K = 0..cap. For a lone slot (under
+        load a probe's catch-up stalls every slot) after EXPLORE_EVERY rounds
+        without drafting: every K at the optimistic figure. Else, while the
+        regime's acceptance is unknown: the optimistic figure for PROBE_K
+        tokens. Capped at PROBE_K, a re-exploration could never pay where
+        a draft token costs a third of a target token (a round of K=3 must
+        then beat plain decoding at 3.8x its time): a lone request that had
+        gone plain for 48 rounds stayed plain to its end (128 of 128
+        rounds, where K=6 delivered 1.2x)."""
         est = self.acceptance[s.regime]
-        if est.totals()[1] < self.PROBE_EVIDENCE or (alone and self.idle[s.regime] >= self.EXPLORE_EVERY):
+        if alone and self.idle[s.regime] >= self.EXPLORE_EVERY:
+            acc = [est.optimistic()] * self.k_max
+        elif est.totals()[1] < self.PROBE_EVIDENCE:
             acc = [est.optimistic()] * self.PROBE_K + [0.0] * self.k_max
         else:
             acc = est.per_position(s.after_miss)
@@ -138,31 +145,32 @@ class BatchPolicy:
         d = self.draft.line() if self.draft.known else (self.DRAFT_PRIOR * t[0], self.DRAFT_PRIOR * t[1])
         return t, d, self.rows.line()
 
-    def seconds(self, slots: Sequence[SlotView], ks: Sequence[int],
-                gains: Optional[Sequence[Sequence[float]]] = None, lines: Optional[tuple] = None) -> float:
+    def seconds(self, slots: Sequence[SlotView], ks: Sequence[int], lines: Optional[tuple] = None) -> float:
         """Predicted wall time of a round drafting ``ks`` for ``slots``: the
         target's forward, the rows' work, and the draft's first forward (each
         drafting slot's usual one or two tokens) and one forward per further
         draft position. A catch-up beyond the usual is paid once, for the
         rounds that follow: what its forward costs beyond a usual first one
-        (the catch-up line, measured on such forwards: per token they cost
-        a fraction of a round's) counts spread over the rounds the slot has
-        left at that K (``remaining / gains[i][k]``), at most HORIZON.
-        ``lines``: :meth:`lines`, when the caller holds them already."""
+        (the catch-up line, fitted on such forwards) counts spread over the tokens the slot has
+        left, at most HORIZON: per token, not per round, because a drafting
+        round is weighed against a plain round, which moves one token. Spread
+        over the rounds, a catch-up had to pay for itself E(K) times over: a
+        request whose draft lagged its prompt never drafted, and its lag and
+        catch-up grew with every plain round. ``lines``: :meth:`lines`, when
+        the caller holds them already."""
         (at, bt), (ad, bd), (ar, br) = lines or self.lines()
         n = sum(ks)
         t = at + bt * (sum(s.target_lag for s in slots) + n) + ar + br * (n + len(slots))
         if n:
             first = extra = later = 0.0
-            for i, (s, k) in enumerate(zip(slots, ks)):
+            for s, k in zip(slots, ks):
                 if k:
                     first += min(s.draft_lag, 2)
                     later += k - 1
                     if s.draft_lag > 2:
-                        rounds = s.remaining / (gains[i][k] if gains else 1.0)
                         cost = (max(0.0, self.catchup(s.draft_lag) - ad - 2 * bd) if self.catchup.known
                                 else bd * (s.draft_lag - 2))
-                        extra += cost / min(self.HORIZON, max(1.0, rounds))
+                        extra += cost / min(self.HORIZON, max(1.0, s.remaining))
             t += ad * max(ks) + bd * (first + later) + extra
         return t
 
@@ -184,9 +192,9 @@ class BatchPolicy:
         lines = self.lines()
         steady = [replace(s, target_lag=1, draft_lag=min(s.draft_lag, 2)) for s in slots]
         commons = [[s.cap if s.fixed else min(k, s.cap) for s in slots] for k in range(self.k_max + 1)]
-        rate = max(sum(g[k] for g, k in zip(gains, ks)) / max(self.seconds(steady, ks, gains, lines), 1e-9)
+        rate = max(sum(g[k] for g, k in zip(gains, ks)) / max(self.seconds(steady, ks, lines), 1e-9)
                    for ks in commons)
-        score = lambda ks: sum(g[k] for g, k in zip(gains, ks)) - rate * self.seconds(slots, ks, gains, lines)  # noqa: E731
+        score = lambda ks: sum(g[k] for g, k in zip(gains, ks)) - rate * self.seconds(slots, ks, lines)  # noqa: E731
         best = max(commons, key=score)
         for i, s in enumerate(slots):
             if not s.fixed and s.cap > 0:
@@ -200,10 +208,10 @@ class BatchPolicy:
         if not self.target.known:
             return "no forward timed yet"
         self.estimate(regime)
-        lone = SlotView(regime, self.k_max, False, 1, 1, self.HORIZON * self.k_max)
+        lone = SlotView(regime, self.k_max, False, 1, 1, self.HORIZON)
         g = self._gains(lone, False)
         lines = self.lines()
-        r = [g[k] / max(self.seconds([lone], [k], [g], lines), 1e-9) for k in range(self.k_max + 1)]
+        r = [g[k] / max(self.seconds([lone], [k], lines), 1e-9) for k in range(self.k_max + 1)]
         timed = "draft forwards timed" if self.draft.known else "the draft's cost guessed (no draft forward timed yet)"
         return why_line(r, self.acceptance[regime].totals(), f"costs from this engine's forwards ({timed}); "
                         "other requests in the same rounds shrink K", qualifier=" for a request alone")
