@@ -3,10 +3,10 @@
 A round's wall time is the target's forward over every slot's tokens, the
 draft's forwards (its catch-up, then one forward per draft position across
 the slots still drafting) and the work around them (warping and verifying
-each row, picking each draft token: 5 ms a row when sampling without
-truncation here). Each piece is a line in the tokens or rows it processes, fitted by discounted least squares to what the
-engine's own forwards took (:class:`LineFit`): no cost is guessed once the
-engine has run a prompt and a round. Acceptance comes from every slot's
+each row, picking each draft token). Each piece is a line in the tokens or
+rows it processes, fitted by discounted least squares to what the engine's
+own steady forwards took (:class:`LineFit`; a draft's catch-ups have a line
+of their own): no cost is guessed once the engine has run a few rounds. Acceptance comes from every slot's
 verdicts, pooled per sampling regime (:class:`~specgguf.engine.acceptance.AcceptanceEstimate`).
 
 The choice maximises the batch's expected tokens per second (see
@@ -151,9 +151,10 @@ class BatchPolicy:
         drafting slot's usual one or two tokens) and one forward per further
         draft position. A catch-up beyond the usual is paid once, for the
         rounds that follow: what its forward costs beyond a usual first one
-        (the catch-up line, fitted on such forwards) counts spread over the tokens the slot has
-        left, at most HORIZON: per token, not per round, because a drafting
-        round is weighed against a plain round, which moves one token. Spread
+        (the catch-up line, fitted on such forwards) counts spread over the
+        tokens the slot has left, at most HORIZON: per token, not per round,
+        because a drafting round is weighed against a plain round, which
+        moves one token. Spread
         over the rounds, a catch-up had to pay for itself E(K) times over: a
         request whose draft lagged its prompt never drafted, and its lag and
         catch-up grew with every plain round. ``lines``: :meth:`lines`, when
