@@ -79,7 +79,7 @@ class Caller:
         import openai
         port = free_port()
         self.proc = subprocess.Popen([sys.executable, "-m", "specgguf", "serve", "--port", str(port),
-                                      "--threads", str(self.args.threads)],
+                                      "--threads", str(self.args.threads), *self.pair_args()],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         base = f"http://127.0.0.1:{port}"
         for _ in range(600):
@@ -93,6 +93,10 @@ class Caller:
             raise RuntimeError("specgguf serve did not come up")
         self.client = openai.OpenAI(base_url=base + "/v1", api_key="none")
 
+    def pair_args(self) -> list:
+        """The pair on a command line: the CLI and serve must run the pair asked for, not the default."""
+        return ["--target", self.names[0], "--draft", self.names[1]]
+
     def close(self) -> None:
         if self.proc is not None:
             self.proc.terminate()
@@ -105,7 +109,8 @@ class Caller:
         if self.path == "cli":
             out = subprocess.run([sys.executable, "-m", "specgguf", "-p", prompt, "--chat", "-n", str(self.n),
                                   "-k", k, "--temp", str(temp), "--seed", str(seed), "--json",
-                                  "--threads", str(self.args.threads)], capture_output=True, text=True, check=True)
+                                  "--threads", str(self.args.threads), *self.pair_args()],
+                                 capture_output=True, text=True, check=True)
             s = json.loads(out.stdout)["stats"]
             return s["completion_tokens"], s["seconds"]  # the generation, not the process's load
         if self.path == "speculative-llama":
