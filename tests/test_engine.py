@@ -224,8 +224,8 @@ def test_a_line_fit_recovers_forward_costs_and_falls_back_to_its_prior_slope():
 def _policy(target, draft, acceptance):
     p = BatchPolicy(8)
     for n in (1, 2, 4, 8, 16, 32):
-        p.target.observe(n, target(n))
-        p.draft.observe(n, draft(n))
+        p.costs.target.observe(n, target(n))
+        p.costs.draft.observe(n, draft(n))
     p.estimate("greedy").add_prior(acceptance, 1000)  # well known: 1000 positions
     return p
 
@@ -250,10 +250,10 @@ def test_the_batch_policy_probes_an_unknown_draft_and_reads_nothing_before_a_for
     p = BatchPolicy(8)
     views = [SlotView("greedy", 8, False, 1, 1, 100)] * 2
     assert p.choose(views) == [0, 0]  # no forward timed yet: plain
-    p.target.observe(1, 0.1)
-    p.target.observe(30, 0.13)
-    p.draft.observe(1, 0.005)
-    p.draft.observe(30, 0.02)
+    p.costs.target.observe(1, 0.1)
+    p.costs.target.observe(30, 0.13)
+    p.costs.draft.observe(1, 0.005)
+    p.costs.draft.observe(30, 0.02)
     assert max(p.choose(views)) == BatchPolicy.PROBE_K  # acceptance unknown: a bounded probe
 
 
@@ -267,11 +267,11 @@ def test_prompts_and_catch_ups_do_not_bend_the_round_lines():
     target = lambda n: 0.030 + 0.006 * n  # noqa: E731  (rounds of 1..9 tokens)
     draft = lambda n: 0.007 + 0.009 * n  # noqa: E731
     for n in (1, 5, 9, 1, 9, 3):
-        p.observe_round(n, target(n), [(2, draft(2), 1)] + [(1, draft(1), 1)] * (n - 1), n, 0.0)
-    p.observe_round(41, 0.2, [(40, 0.1, 1)], 1, 0.0, prompt=True)  # 5 and 2.5 ms a token
-    (at, bt), (ad, bd), _ = p.lines()
-    assert abs(bt - 0.006) < 1e-9 and abs(bd - 0.009) < 1e-9, p.lines()
-    assert p.catchup.known
+        p.costs.observe_round(n, target(n), [(2, draft(2), 1)] + [(1, draft(1), 1)] * (n - 1), n, 0.0)
+    p.costs.observe_round(41, 0.2, [(40, 0.1, 1)], 1, 0.0, prompt=True)  # 5 and 2.5 ms a token
+    (at, bt), (ad, bd), _ = p.costs.lines()
+    assert abs(bt - 0.006) < 1e-9 and abs(bd - 0.009) < 1e-9, p.costs.lines()
+    assert p.costs.catchup.known
     p.estimate("greedy").add_prior(0.9, 1000)
     assert p.choose([SlotView("greedy", 8, False, 1, 40, 128)])[0] > 0  # a draft 40 tokens behind drafts
 
@@ -289,10 +289,10 @@ def test_a_request_whose_draft_lags_its_prompt_drafts_when_the_catch_up_repays()
         for n in (1, 9) * 5:
             line.observe(n, a + b * n)
     p = BatchPolicy(8)
-    fit(p.target, 0.0354, 0.0087)
-    fit(p.draft, 0.0049, 0.0151)
-    fit(p.catchup, 0.138, 0.0083)
-    fit(p.rows, 0.0, 0.0002)
+    fit(p.costs.target, 0.0354, 0.0087)
+    fit(p.costs.draft, 0.0049, 0.0151)
+    fit(p.costs.catchup, 0.138, 0.0083)
+    fit(p.costs.rows, 0.0, 0.0002)
     p.estimate("greedy").add_prior(0.95, 20)
     assert p.choose([SlotView("greedy", 8, False, 1, 20, 127)])[0] >= 3
     p.idle["greedy"] = BatchPolicy.EXPLORE_EVERY  # a lone slot long without drafting re-explores every K

@@ -242,8 +242,9 @@ class Engine:
         t3 = time.perf_counter()
         target_tokens = sum(v.target_lag + len(d.tokens) for v, d in zip(views, drafts))
         rest = (t3 - t0) - (t2 - t1) - sum(f[1] for f in forwards)
-        self.policy.observe_round(target_tokens, t2 - t1, forwards, sum(len(d.tokens) + 1 for d in drafts), rest,
-                                  prompt=any(v.target_lag > 1 for v in views))
+        rows = sum(len(d.tokens) + 1 for d in drafts)
+        self.policy.costs.observe_round(target_tokens, t2 - t1, forwards, rows, rest,
+                                        prompt=any(v.target_lag > 1 for v in views))
         self.policy.round_done({t.regime for t, d in zip(active, drafts) if d.tokens})
 
     def _draft(self, active: Sequence[Ticket], ks: Sequence[int]) -> tuple:

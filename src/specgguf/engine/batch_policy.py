@@ -5,9 +5,10 @@ draft's forwards (its catch-up, then one forward per draft position across
 the slots still drafting) and the work around them (warping and verifying
 each row, picking each draft token). Each piece is a line in the tokens or
 rows it processes, fitted by discounted least squares to what the engine's
-own steady forwards took (:class:`LineFit`; a draft's catch-ups have a line
-of their own): no cost is guessed once the engine has run a few rounds. Acceptance comes from every slot's
-verdicts, pooled per sampling regime (:class:`~specgguf.engine.acceptance.AcceptanceEstimate`).
+own steady forwards took (:class:`RoundCosts`, of :class:`LineFit` lines; a
+draft's catch-ups have a line of their own): no cost is guessed once the
+engine has run a few rounds. Acceptance comes from every slot's verdicts,
+pooled per sampling regime (:class:`~specgguf.engine.acceptance.AcceptanceEstimate`).
 
 The choice maximises the batch's expected tokens per second (see
 :meth:`BatchPolicy.choose` for how a round slowed by a prompt is scored).
@@ -91,52 +92,18 @@ class SlotView:
     after_miss: bool = False
 
 
-class BatchPolicy:
-    """Per-slot K for the engine's rounds, from measured forward costs."""
+class RoundCosts:
+    """A round's wall time in the tokens and rows it processes: lines fitted
+    to the engine's own forwards (module docstring)."""
 
-    PROBE_K = 3           # while a regime's acceptance is unknown, its slots draft this many
-    PROBE_EVIDENCE = 16   # draft positions verified before the estimate is trusted
-    EXPLORE_EVERY = 48    # rounds without drafting in a regime before a lone slot tries again
     HORIZON = 256         # most tokens a catch-up's cost is spread over
     DRAFT_PRIOR = 0.5     # before any draft forward is timed: a draft token costs half a target token
     STEADY = 2            # draft tokens a sequence in a forward without catch-up (its last draft and the bonus)
 
-    def __init__(self, k_max: int = 8) -> None:
-        self.k_max = k_max
+    def __init__(self) -> None:
         self.target, self.draft = LineFit(), LineFit()
         self.catchup = LineFit()  # the draft's forwards that catch up (a prompt, plain rounds' tokens)
         self.rows = LineFit()  # the rest of a round, by the rows verified (each slot's K + 1)
-        self.acceptance: Dict[str, AcceptanceEstimate] = {}
-        self.idle: Dict[str, int] = {}
-
-    def estimate(self, regime: str, prior: Optional[float] = None,
-                 evidence: Optional[dict] = None) -> AcceptanceEstimate:
-        """The pooled acceptance of ``regime``, made on first use from a
-        measured ``prior`` and stored ``evidence``."""
-        if regime not in self.acceptance:
-            est = AcceptanceEstimate(self.k_max, prior)
-            est.add_before(evidence)
-            self.acceptance[regime], self.idle[regime] = est, 0
-        return self.acceptance[regime]
-
-    def _gains(self, s: SlotView, alone: bool) -> List[float]:
-        """Expected tokens the slot emits at K = 0..cap. For a lone slot (under
-        load a probe's catch-up stalls every slot) after EXPLORE_EVERY rounds
-        without drafting: every K at the optimistic figure. Else, while the
-        regime's acceptance is unknown: the optimistic figure for PROBE_K
-        tokens. Capped at PROBE_K, a re-exploration could never pay where
-        a draft token costs a third of a target token (a round of K=3 must
-        then beat plain decoding at 3.8x its time): a lone request that had
-        gone plain for 48 rounds stayed plain to its end (128 of 128
-        rounds, where K=6 delivered 1.2x)."""
-        est = self.acceptance[s.regime]
-        if alone and self.idle[s.regime] >= self.EXPLORE_EVERY:
-            acc = [est.optimistic()] * self.k_max
-        elif est.totals()[1] < self.PROBE_EVIDENCE:
-            acc = [est.optimistic()] * self.PROBE_K + [0.0] * self.k_max
-        else:
-            acc = est.per_position(s.after_miss)
-        return expected_tokens(s.cap, acc)
 
     def lines(self) -> tuple:
         """The fitted lines ``(a, b)`` of the target, the draft (before any
@@ -175,48 +142,6 @@ class BatchPolicy:
             t += ad * max(ks) + bd * (first + later) + extra
         return t
 
-    def choose(self, slots: Sequence[SlotView]) -> List[int]:
-        """K for each slot: the best common K, then each slot's own in turn.
-
-        Choices are scored as expected tokens minus ``rate`` x predicted
-        seconds, where ``rate`` is the best tokens/s these slots reach in a
-        steady round (no prompt to read, no catch-up). Maximising the round's
-        own tokens/s instead would draft in a round made slow by another
-        slot's prompt (a long round makes any addition look cheap), though
-        the seconds drafting adds buy fewer tokens than the plain rounds after it."""
-        for s in slots:
-            self.estimate(s.regime)
-        if not self.target.known:
-            return [s.cap if s.fixed else 0 for s in slots]
-        known: Dict[tuple, List[float]] = {}
-        gains = [known.setdefault((s.regime, s.after_miss, s.cap), self._gains(s, len(slots) == 1)) for s in slots]
-        lines = self.lines()
-        steady = [replace(s, target_lag=1, draft_lag=min(s.draft_lag, 2)) for s in slots]
-        commons = [[s.cap if s.fixed else min(k, s.cap) for s in slots] for k in range(self.k_max + 1)]
-        rate = max(sum(g[k] for g, k in zip(gains, ks)) / max(self.seconds(steady, ks, lines), 1e-9)
-                   for ks in commons)
-        score = lambda ks: sum(g[k] for g, k in zip(gains, ks)) - rate * self.seconds(slots, ks, lines)  # noqa: E731
-        best = max(commons, key=score)
-        for i, s in enumerate(slots):
-            if not s.fixed and s.cap > 0:
-                best[i] = max(range(s.cap + 1), key=lambda k: score(best[:i] + [k] + best[i + 1:]))
-        return best
-
-    def explain(self, regime: str) -> str:
-        """One line on what a slot of ``regime`` would draft in a steady
-        round on its own, and what that rests on (other slots' load shrinks
-        K further: see :meth:`choose`)."""
-        if not self.target.known:
-            return "no forward timed yet"
-        self.estimate(regime)
-        lone = SlotView(regime, self.k_max, False, 1, 1, self.HORIZON)
-        g = self._gains(lone, False)
-        lines = self.lines()
-        r = [g[k] / max(self.seconds([lone], [k], lines), 1e-9) for k in range(self.k_max + 1)]
-        timed = "draft forwards timed" if self.draft.known else "the draft's cost guessed (no draft forward timed yet)"
-        return why_line(r, self.acceptance[regime].totals(), f"costs from this engine's forwards ({timed}); "
-                        "other requests in the same rounds shrink K", qualifier=" for a request alone")
-
     def observe_round(self, target_tokens: int, target_seconds: float, draft_forwards: Sequence[tuple],
                       rows: int, other_seconds: float, prompt: bool = False) -> None:
         """One round's measured pieces: the target's forward over
@@ -238,6 +163,91 @@ class BatchPolicy:
         for n, sec, seqs in draft_forwards:
             (self.draft if n <= self.STEADY * seqs else self.catchup).observe(n, sec)
         self.rows.observe(rows, other_seconds)
+
+
+class BatchPolicy:
+    """Per-slot K for the engine's rounds, from measured forward costs."""
+
+    PROBE_K = 3           # while a regime's acceptance is unknown, its slots draft this many
+    PROBE_EVIDENCE = 16   # draft positions verified before the estimate is trusted
+    EXPLORE_EVERY = 48    # rounds without drafting in a regime before a lone slot tries again
+
+    def __init__(self, k_max: int = 8) -> None:
+        self.k_max = k_max
+        self.costs = RoundCosts()
+        self.acceptance: Dict[str, AcceptanceEstimate] = {}
+        self.idle: Dict[str, int] = {}
+
+    def estimate(self, regime: str, prior: Optional[float] = None,
+                 evidence: Optional[dict] = None) -> AcceptanceEstimate:
+        """The pooled acceptance of ``regime``, made on first use from a
+        measured ``prior`` and stored ``evidence``."""
+        if regime not in self.acceptance:
+            est = AcceptanceEstimate(self.k_max, prior)
+            est.add_before(evidence)
+            self.acceptance[regime], self.idle[regime] = est, 0
+        return self.acceptance[regime]
+
+    def _gains(self, s: SlotView, alone: bool) -> List[float]:
+        """Expected tokens the slot emits at K = 0..cap. For a lone slot (under
+        load a probe's catch-up stalls every slot) after EXPLORE_EVERY rounds
+        without drafting: every K at the optimistic figure. Else, while the
+        regime's acceptance is unknown: the optimistic figure for PROBE_K
+        tokens. Capped at PROBE_K, a re-exploration could never pay where
+        a draft token costs a third of a target token (a round of K=3 must
+        then beat plain decoding at 3.8x its time): a lone request that had
+        gone plain for 48 rounds stayed plain to its end (128 of 128
+        rounds, where K=6 delivered 1.2x)."""
+        est = self.acceptance[s.regime]
+        if alone and self.idle[s.regime] >= self.EXPLORE_EVERY:
+            acc = [est.optimistic()] * self.k_max
+        elif est.totals()[1] < self.PROBE_EVIDENCE:
+            acc = [est.optimistic()] * self.PROBE_K + [0.0] * self.k_max
+        else:
+            acc = est.per_position(s.after_miss)
+        return expected_tokens(s.cap, acc)
+
+    def choose(self, slots: Sequence[SlotView]) -> List[int]:
+        """K for each slot: the best common K, then each slot's own in turn.
+
+        Choices are scored as expected tokens minus ``rate`` x predicted
+        seconds, where ``rate`` is the best tokens/s these slots reach in a
+        steady round (no prompt to read, no catch-up). Maximising the round's
+        own tokens/s instead would draft in a round made slow by another
+        slot's prompt (a long round makes any addition look cheap), though
+        the seconds drafting adds buy fewer tokens than the plain rounds after it."""
+        for s in slots:
+            self.estimate(s.regime)
+        if not self.costs.target.known:
+            return [s.cap if s.fixed else 0 for s in slots]
+        known: Dict[tuple, List[float]] = {}
+        gains = [known.setdefault((s.regime, s.after_miss, s.cap), self._gains(s, len(slots) == 1)) for s in slots]
+        seconds, lines = self.costs.seconds, self.costs.lines()
+        steady = [replace(s, target_lag=1, draft_lag=min(s.draft_lag, 2)) for s in slots]
+        commons = [[s.cap if s.fixed else min(k, s.cap) for s in slots] for k in range(self.k_max + 1)]
+        rate = max(sum(g[k] for g, k in zip(gains, ks)) / max(seconds(steady, ks, lines), 1e-9) for ks in commons)
+        score = lambda ks: sum(g[k] for g, k in zip(gains, ks)) - rate * seconds(slots, ks, lines)  # noqa: E731
+        best = max(commons, key=score)
+        for i, s in enumerate(slots):
+            if not s.fixed and s.cap > 0:
+                best[i] = max(range(s.cap + 1), key=lambda k: score(best[:i] + [k] + best[i + 1:]))
+        return best
+
+    def explain(self, regime: str) -> str:
+        """One line on what a slot of ``regime`` would draft in a steady
+        round on its own, and what that rests on (other slots' load shrinks
+        K further: see :meth:`choose`)."""
+        costs = self.costs
+        if not costs.target.known:
+            return "no forward timed yet"
+        self.estimate(regime)
+        lone = SlotView(regime, self.k_max, False, 1, 1, costs.HORIZON)
+        g = self._gains(lone, False)
+        lines = costs.lines()
+        r = [g[k] / max(costs.seconds([lone], [k], lines), 1e-9) for k in range(self.k_max + 1)]
+        timed = "draft forwards timed" if costs.draft.known else "the draft's cost guessed (no draft forward timed yet)"
+        return why_line(r, self.acceptance[regime].totals(), f"costs from this engine's forwards ({timed}); "
+                        "other requests in the same rounds shrink K", qualifier=" for a request alone")
 
     def observe(self, regime: str, drafted: int, accepted: int, after_miss: bool) -> None:
         """One slot's verdict: ``accepted`` of ``drafted`` tokens."""
