@@ -73,6 +73,23 @@ def test_fixed_k_and_reset(pair):
     assert d.stats["calls"] == 0 and d.model.tokens == []
 
 
+COPY = ("Repeat this exactly, word for word: The quick brown fox jumps over the lazy dog. A small draft "
+        "model proposes several tokens that a large target model verifies in one batched forward pass.")
+
+
+def test_a_lookup_in_front_of_the_draft_keeps_llamas_output(pair):
+    """DraftModel(ngram=True): a prompt lookup drafts where the text repeats,
+    with its own K; the model elsewhere. Llama's output is unchanged."""
+    plain, _, draft = pair
+    d = specgguf.DraftModel(draft.llm, ngram=True)
+    llm = target_llama(draft_model=d)
+    for prompt in (COPY, PROMPTS[0]):
+        want = text(plain.create_chat_completion(msgs(prompt), max_tokens=48, temperature=0))
+        assert text(llm.create_chat_completion(msgs(prompt), max_tokens=48, temperature=0)) == want
+    assert d.stats["accepted"] > 0
+    assert any(d.lookup.policy.arms.timed[1:]), "the lookup never drafted on a copy prompt"
+
+
 def test_the_next_call_tells_how_many_were_accepted():
     d = specgguf.DraftModel("smollm2-135m-q4_1", k=4, n_threads=2, n_ctx=512)
     ids = np.array(llama_cpp.Llama(str(models.fetch("smollm2-135m-q4_1")), vocab_only=True, verbose=False)

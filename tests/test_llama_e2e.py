@@ -277,6 +277,24 @@ def test_ngram_draft_end_to_end(target):
     assert sampled.tokens == s.generate(ids, max_tokens=40, k=0, temperature=0.8, seed=3).tokens
 
 
+def test_a_lookup_in_front_of_the_draft_is_exact(target, draft):
+    """ngram=True: a prompt lookup drafts where the text repeats, the model
+    elsewhere, each with its own policy (their separation is tested in
+    test_ngram). Output is plain decoding's; parallel > 1 is refused."""
+    s = SpeculativeLlama(target, draft, ngram=True)
+    ids = s.tokenize(msgs(COPY_PROMPT), chat=True)
+    res = s.generate(ids, max_tokens=48, k="auto")
+    assert res.tokens == plain_greedy(target, ids, len(res.tokens))
+    regime = specgguf.GenerationConfig().regime
+    lookup = s.learning.lookups[regime]
+    assert any(lookup.arms.timed[1:]) and lookup.acceptance.totals()[1] > 0  # the lookup drafted
+    assert lookup is not s.learning.policies[regime]  # the model's own, the only one stored
+    sampled = s.generate(ids, max_tokens=40, k="auto", temperature=0.8, seed=3)
+    assert sampled.tokens == s.generate(ids, max_tokens=40, k=0, temperature=0.8, seed=3).tokens
+    with pytest.raises(ValueError, match="parallel"):
+        SpeculativeLlama(target, draft, ngram=True, parallel=2)
+
+
 def test_an_ngram_draft_is_probed_again_soon_after_an_early_miss(target):
     """An n-gram lookup costs no catch-up and next to nothing per token:
     after a first miss, k="auto" drafts again within 4 rounds (measured on

@@ -1,11 +1,13 @@
 """Model-free n-gram drafting: proposals, exactness through the decoder, and
-the fallback drafter's lag."""
+a lookup in front of a model drafter (each with its own K and policy)."""
 
 import numpy as np
 
 import specgguf
 from specgguf.ops.drafter import CallbackDrafter, Draft
-from specgguf.ops.ngram import FallbackDrafter, NgramDrafter
+from specgguf.engine.lookup_first import LookupFirst, next_turn
+from specgguf.engine.policy import DraftPolicy
+from specgguf.ops.ngram import NgramDrafter
 from tests.conftest import ALPHA, chi2_pvalue
 
 
@@ -41,28 +43,65 @@ class CountingModel:
         return Draft([0] * k, stop="max")
 
 
-def test_fallback_uses_the_model_only_without_a_match():
+def test_the_lookup_drafts_only_with_a_match_and_its_own_k():
     model = CountingModel()
-    d = FallbackDrafter(NgramDrafter(), model)
-    assert d.propose([1, 2, 3, 1, 2], 2).tokens == [3, 1] and model.calls == []
-    assert d.propose([1, 2, 3, 4], 2).tokens == [0, 0] and model.calls == [2]
+    lookup = LookupFirst(NgramDrafter(), None, 2)
+    turn = next_turn([1, 2, 3, 1, 2], 10, model, None, 4, lookup)
+    assert turn.drafter is lookup.lookup and turn.k == 2
+    assert turn.drafter.propose([1, 2, 3, 1, 2], turn.k).tokens == [3, 1] and model.calls == []
+    turn = next_turn([1, 2, 3, 4], 10, model, None, 4, lookup)  # no match: the model's turn, its own K
+    assert turn.drafter is model and turn.k == 4
+    assert next_turn([1, 2, 3, 1, 2], 10, model, None, 4, LookupFirst(NgramDrafter(), None, 0)).drafter is model
 
 
-def test_fallback_lag_is_the_models_own():
-    """The draft's position behind the text is the model's, whichever drafter
-    proposed: after an n-gram proposal the model has evaluated nothing more,
-    so its lag grows by every token emitted meanwhile (the old decoder counted
-    the n-gram's proposal as the model's)."""
+def test_the_models_lag_grows_while_the_lookup_drafts():
+    """The draft's position behind the text is the model's own, whichever
+    drafter proposed: after lookup rounds the model has evaluated nothing
+    more, so its lag grows by every token emitted meanwhile, and its policy
+    weighs that catch-up (the old decoder counted the lookup's proposal as
+    the model's)."""
     model = CountingModel()
-    d = FallbackDrafter(NgramDrafter(), model)
+    lookup = LookupFirst(NgramDrafter(), None, 3)
     ctx = [5, 6, 7, 8]
-    d.propose(ctx, 3)  # no match: the model drafts and evaluates ctx + 2 tokens
+    turn = next_turn(ctx, 10, model, None, 3, lookup)
+    turn.drafter.propose(ctx, turn.k)  # no match: the model drafts and evaluates ctx + 2 tokens
     ctx = ctx + [0, 0, 9]  # two accepted, then a correction
-    assert d.lag(ctx) == 1
+    assert model.lag(ctx) == 1
     ctx = ctx + [5, 6, 7]  # ... the text repeats: the lookup proposes from now on
-    assert d.propose(ctx, 3).tokens == [8, 0, 0] and model.calls == [3]
+    turn = next_turn(ctx, 10, model, None, 3, lookup)
+    assert turn.drafter.propose(ctx, turn.k).tokens == [8, 0, 0] and model.calls == [3]
     ctx = ctx + [8, 0, 0, 9]
-    assert d.lag(ctx) == 1 + 3 + 4  # the model saw none of it
+    assert model.lag(ctx) == 1 + 3 + 4  # the model saw none of it
+
+
+def test_lookup_rounds_and_model_rounds_teach_their_own_policies():
+    """Greedy over a target that repeats one passage, drafted by a lookup
+    (which copies it: always accepted) in front of a model that proposes a
+    wrong token every time: the lookup's policy learns acceptance 1 from
+    its rounds only, the model's learns 0 from its own, and plain rounds
+    time plain decoding for both. Pooled, one policy read the mixture (and
+    stored it as the model's)."""
+    passage = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
+
+    def target_step(prefix, proposed):
+        rows = np.zeros((len(proposed) + 1, 32), np.float32)
+        for i, ctx in enumerate(prefix[-1:] + proposed):
+            nxt = passage[(passage.index(ctx) + 1) % len(passage)] if ctx in passage else passage[0]
+            rows[i, nxt] = 1.0
+        return rows
+
+    model = CallbackDrafter(lambda prefix, k: ([31] * k, None))
+    model_policy = DraftPolicy(8, online_costs=True)
+    lookup = LookupFirst(NgramDrafter(n_min=2), DraftPolicy(8, online_costs=True, retime=False))
+    model_policy.acceptance.add_prior(0.9)  # make the model draft at first: it is wrong every time
+    dec = specgguf.SpeculativeDecoder(model, target_step, k=model_policy, lookup=lookup)
+    out = dec.generate([1, 2], 120)
+    assert out == [passage[i % 10] for i in range(120)]  # exact: greedy target decoding
+    look_acc, look_ver = lookup.policy.acceptance.totals()
+    model_acc, model_ver = model_policy.acceptance.run.total
+    assert look_ver > 50 and look_acc == look_ver  # every lookup token was the passage's
+    assert model_ver > 0 and model_acc == 0       # every model token was wrong
+    assert lookup.policy.arms.timed[0] > 0 and model_policy.arms.timed[0] > 0  # both timed plain rounds
 
 
 def test_ngram_draft_is_exact_through_the_decoder():

@@ -379,11 +379,11 @@ def test_the_guard_stops_drafting_that_delivers_less_than_plain():
     play(policy, 0.97, 200, np.random.default_rng(7), BOARD)
     assert policy.drafting and policy.acceptance.per_position()[0] > 0.9
     before = policy.acceptance.totals()[1]
-    m = DraftPolicy.DELIVERED_MEMORY
-    policy.delivered = [1.0 / (1 - m), BOARD[8] / (1 - m), 1.0 / (1 - m)]  # one token per K = 8 round
+    for _ in range(30):  # one token per K = 8 round
+        policy.delivered.add(1, BOARD[8])
     policy.since_plain = 0  # no plain round due to re-time it
     assert policy.choose() == 0 and not policy.drafting
-    assert policy.acceptance.totals()[1] < 0.5 * before and policy.delivered == [0.0, 0.0, 0.0]
+    assert policy.acceptance.totals()[1] < 0.5 * before and policy.delivered.rounds == 0
     # Through rounds: where a draft token costs half a target step, a draft
     # that turns poor is dropped within a few rounds.
     policy = DraftPolicy(8, online_costs=True)

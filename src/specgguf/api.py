@@ -25,6 +25,7 @@ from .config import GenerationConfig
 from .engine.decoder import SpeculativeDecoder, sources
 from .engine.batch import Engine
 from .engine.learning import AUTO_K_MAX, Learning
+from .engine.lookup_first import LookupFirst
 from .engine.calibration import calibrate, measure_acceptance
 from .llama.grammar import Grammar
 from .llama.model import InUse, ModelLike
@@ -205,8 +206,10 @@ class SpeculativeLlama(CompletionMethods):
             cached = len(ids) - pair.target.model.lag(ids)
             pair.use(sampler)
             policy = self.learning.policy(config, measure=lambda: pair.prompt_agreement(ids, sampler))
+            lookup = None if pair.lookup is None else LookupFirst(
+                pair.lookup, self.learning.lookup_policy(config), 0 if config.k == "auto" else config.k)
             dec = SpeculativeDecoder(pair.drafter, pair.target, k=policy or config.k, sampler=sampler,
-                                     p_min=config.p_min, plain_first=True)  # the first token at once
+                                     p_min=config.p_min, plain_first=True, lookup=lookup)  # the first token at once
             out = self._text(config)
             produced: List[int] = []
             budget = self._budget(ids, config)

@@ -34,20 +34,21 @@ import numpy as np
 from llama_cpp.llama_speculative import LlamaDraftModel
 
 from .ops.drafter import Draft, common_prefix
-from .engine.learning import AUTO_K_MAX
+from .engine.learning import AUTO_K_MAX, LOOKUP_COSTS
 from .llama.adapter import ModelDrafter
 from .llama.model import InUse, LlamaModel, ModelLike, load_llama
 from .llama.vocab import check_vocab
 from .llama.models import resolve_model
-from .ops.ngram import FallbackDrafter, NgramDrafter
+from .ops.ngram import NgramDrafter
+from .engine.lookup_first import LookupFirst, Turn, next_turn, report
 from .engine.policy import DraftPolicy
 
 
 class _Round:
     """What the last call proposed, to read the next call's input against."""
 
-    def __init__(self, context: List[int], draft: Optional[Draft], started: float) -> None:
-        self.context, self.started = context, started
+    def __init__(self, context: List[int], turn: Turn, draft: Optional[Draft], started: float) -> None:
+        self.context, self.turn, self.started = context, turn, started
         self.draft = draft or Draft()
         self.tokens = list(self.draft.tokens)
 
@@ -90,8 +91,7 @@ class DraftModel(LlamaDraftModel):
         self.model = LlamaModel(llm)
         self.drafter = ModelDrafter(self.model)
         self.sampler = self.drafter.sampler  # greedy proposals; its origin marks where output starts
-        if ngram:
-            self.drafter = FallbackDrafter(NgramDrafter(n_min=3), self.drafter)
+        self.ngram = NgramDrafter(n_min=3) if ngram else None  # tried first, with its own K
         self.guard = InUse("DraftModel")
         self.reset()
 
@@ -99,7 +99,11 @@ class DraftModel(LlamaDraftModel):
         """Empty the KV cache, forget the last round, zero the stats."""
         with self.guard:
             self.model.reset()
-            self.policy = DraftPolicy(AUTO_K_MAX, online_costs=True) if self.k == "auto" else None
+            auto = self.k == "auto"
+            self.policy = DraftPolicy(AUTO_K_MAX, online_costs=True) if auto else None
+            self.lookup = None if self.ngram is None else LookupFirst(
+                self.ngram, DraftPolicy(AUTO_K_MAX, LOOKUP_COSTS, online_costs=True, retime=False) if auto else None,
+                0 if auto else int(self.k))
             self.last: Optional[_Round] = None
             self._stats: Dict[str, object] = {"calls": 0, "drafted": 0, "accepted": 0, "k_hist": {},
                                               "draft_seconds": 0.0}
@@ -129,11 +133,11 @@ class DraftModel(LlamaDraftModel):
                 raise ValueError(f"token id {bad} is out of range for the draft's vocabulary of "
                                  f"{self.model.model_vocab}: the draft and the target do not share a tokenizer")
             self._learn(ids)
-            k = self._choose(ids)
+            turn = next_turn(ids, None, self.drafter, self.policy, 0 if self.policy else int(self.k), self.lookup)
             t0 = time.perf_counter()
-            draft = self.drafter.propose(ids, k) if k > 0 else None
-            self.last = _Round(ids, draft, t0)
-            self._count(k, self.last.tokens, time.perf_counter() - t0)
+            draft = turn.drafter.propose(ids, turn.k) if turn.k > 0 else None
+            self.last = _Round(ids, turn, draft, t0)
+            self._count(turn.k, self.last.tokens, time.perf_counter() - t0)
             return np.array(self.last.tokens, dtype=np.intc)
 
     def _learn(self, ids: List[int]) -> None:
@@ -143,15 +147,9 @@ class DraftModel(LlamaDraftModel):
             self.sampler.origin = max(0, len(ids) - 1)
             return
         self._stats["accepted"] += a
-        if self.policy is not None:  # the whole round: the draft, then Llama's batched forward and sampling
-            d = last.draft
-            self.policy.update(len(last.tokens), a, d.confidence, time.perf_counter() - last.started,
-                               d.first_seconds, d.catchup)
-
-    def _choose(self, ids: List[int]) -> int:
-        if self.policy is None:
-            return int(self.k)
-        return self.policy.choose(None, self.drafter.lag(ids))
+        d = last.draft  # the whole round: the draft, then Llama's batched forward and sampling
+        report(last.turn, self.lookup, len(last.tokens), a, d.confidence, time.perf_counter() - last.started,
+               d.first_seconds, d.catchup)
 
     def _count(self, k: int, tokens: List[int], seconds: float) -> None:
         s = self._stats

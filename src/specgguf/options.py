@@ -44,8 +44,8 @@ def add_model_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--target", help="target GGUF: a path or a models.lock name (default: the default pair)")
     ap.add_argument("--draft", help="draft GGUF: a path or a models.lock name (default: the default "
                     "pair), or 'ngram' for model-free prompt-lookup drafting")
-    ap.add_argument("--ngram", action="store_true", help="with a draft model: try a prompt lookup first "
-                    "each round, fall back to the model")
+    ap.add_argument("--ngram", action="store_true", help="with a draft model: a prompt lookup drafts where "
+                    "the text repeats, the model elsewhere, each with its own K (one request at a time)")
     ap.add_argument("--ctx", type=_number(int, 256), default=2048,
                     help="context window in tokens, >= 256 (2048)")
     ap.add_argument("--threads", type=_number(int, 1), help="threads (default: every core)")

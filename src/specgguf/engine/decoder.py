@@ -25,6 +25,7 @@ import numpy as np
 
 from ..checks import check_int, check_p_min
 from ..ops.drafter import Draft, Drafter, CallbackDrafter
+from .lookup_first import LookupFirst, Turn, next_turn, report
 from .policy import DraftPolicy
 from ..ops.sampling import Sampler
 from ..ops.verify import GeneratorLike
@@ -140,6 +141,8 @@ class SpeculativeDecoder:
         plain_first: decode the first round without drafting, so the first
             token comes as soon as the target has read the prompt (the draft
             catches up on it in the second round).
+        lookup: an n-gram lookup tried before ``drafter`` each round, with
+            its own K (see :mod:`specgguf.engine.lookup_first`).
 
     After a call, ``stats`` holds that call's :class:`DecoderStats`.
     """
@@ -147,7 +150,7 @@ class SpeculativeDecoder:
     def __init__(self, drafter: Union[Drafter, Callable[..., tuple]], target_step: TargetStep,
                  k: Union[int, str, DraftPolicy] = 4, greedy: bool = True, generator: GeneratorLike = None,
                  p_min: Union[None, float, str] = None, sampler: Optional[Sampler] = None,
-                 plain_first: bool = False) -> None:
+                 plain_first: bool = False, lookup: Optional[LookupFirst] = None) -> None:
         if not callable(target_step):
             raise TypeError("target_step must be callable")
         self.drafter = drafter if isinstance(drafter, Drafter) else CallbackDrafter(drafter)
@@ -167,6 +170,7 @@ class SpeculativeDecoder:
         if p_min == "auto" and self.policy is None:
             raise ValueError("p_min='auto' is learned by the draft policy: use it with k='auto'")
         self.plain_first = plain_first
+        self.lookup = lookup
         self.stats = DecoderStats()
 
     def generate(self, prompt_ids: Sequence[int], max_new: int = 128,
@@ -190,16 +194,17 @@ class SpeculativeDecoder:
         return self._rounds(prefix, max_new, frozenset(int(t) for t in stop_tokens))
 
     def _rounds(self, prefix: List[int], max_new: int, stops: frozenset) -> Iterator[int]:
-        stats, policy = self.stats, self.policy
+        stats = self.stats
         while stats.emitted < max_new:
             remaining = max_new - stats.emitted
             if self.plain_first and stats.rounds == 0:
-                want = 0
+                turn = Turn(self.drafter, self.policy, 0)
             else:
-                want = policy.choose(remaining, self.drafter.lag(prefix)) if policy else self.k
+                turn = next_turn(prefix, remaining, self.drafter, self.policy, self.k, self.lookup)
+            want = turn.k
             k = min(want, remaining - 1)  # a round emits up to k + 1: never past max_new
             t0 = time.perf_counter()
-            draft = self._draft(prefix, k)
+            draft = self._draft(turn, prefix, k)
             t1 = time.perf_counter()
             target = self.target_step(list(prefix), list(draft.tokens))
             t2 = time.perf_counter()
@@ -213,9 +218,9 @@ class SpeculativeDecoder:
             stats.verify_seconds += t3 - t2
             stop = None if k == 0 else ("max_new" if k < want and draft.stop == "max" else draft.stop)
             stats.record(len(draft.tokens), n, stop)
-            if policy:  # the whole round, timed unless it also evaluated the prompt (the first)
-                policy.update(len(draft.tokens), n, draft.confidence, (t3 - t0) if stats.rounds > 1 else None,
-                              draft.first_seconds, draft.catchup)
+            # the whole round, timed unless it also evaluated the prompt (the first)
+            report(turn, self.lookup, len(draft.tokens), n, draft.confidence,
+                   (t3 - t0) if stats.rounds > 1 else None, draft.first_seconds, draft.catchup)
             for i, t in enumerate(draft.tokens[:n] + [nxt]):
                 prefix.append(t)
                 stats.emit(i < n)
@@ -225,11 +230,13 @@ class SpeculativeDecoder:
                     return
         stats.finish_reason = "length"
 
-    def _draft(self, prefix: List[int], k: int) -> Draft:
+    def _draft(self, turn: Turn, prefix: List[int], k: int) -> Draft:
         if k == 0:
             return Draft()
-        p_min = self.policy.p_min() if self.p_min == "auto" else self.p_min
-        draft = self.drafter.propose(prefix, k, None if p_min is None else float(p_min))
+        p_min = self.p_min
+        if p_min == "auto":  # learned by the policy that chose this round's drafter
+            p_min = turn.policy.p_min() if turn.policy is not None else None
+        draft = turn.drafter.propose(prefix, k, None if p_min is None else float(p_min))
         if len(draft.tokens) > k:
             raise ValueError(f"the drafter returned {len(draft.tokens)} tokens, more than the k = {k} asked for")
         if self.sampler.rule == "exact" and draft.tokens and not draft.onehot:

@@ -34,6 +34,7 @@ from .policy import CostModel, DraftPolicy
 from ..state import PairState
 
 AUTO_K_MAX = 8  # the largest draft length k="auto" considers
+LOOKUP_COSTS = CostModel(draft=1e-4, draft_prefill=0.0)  # an n-gram lookup: a round costs the target's forward
 SAMPLED_PRIOR = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)  # where calibrate() measures
 
 
@@ -49,6 +50,7 @@ class Learning:
         self.state = state
         self.model_free = model_free
         self.policies: Dict[str, DraftPolicy] = {}
+        self.lookups: Dict[str, DraftPolicy] = {}  # an n-gram lookup's in front of the draft, per regime
         self.stored_costs = state.costs()
         self.measured = state.acceptance()
 
@@ -60,7 +62,7 @@ class Learning:
                 return CostModel.from_dict(self.stored_costs)
             except (KeyError, TypeError, ValueError):
                 pass  # a damaged record: the prior
-        return CostModel(draft=1e-4, draft_prefill=0.0) if self.model_free else None
+        return LOOKUP_COSTS if self.model_free else None
 
     def prior(self, config: GenerationConfig) -> Optional[float]:
         """The measured acceptance that applies to ``config``'s regime, if any:
@@ -85,8 +87,7 @@ class Learning:
         is clock-blind (see the module docstring)."""
         if config.k != "auto":
             return None
-        frozen = config.verification == "exact" and config.seed is not None
-        regime = config.regime
+        frozen, regime = _frozen(config), config.regime
         policy = self.policies.get(regime)
         if frozen or policy is None or policy.p_min_setting != config.p_min:
             prior = self.prior(config)
@@ -102,6 +103,21 @@ class Learning:
                 policy.acceptance.add_prior(measured[0], float(measured[1]))
                 if not frozen:
                     self.state.save_prompt_acceptance(regime, measured[0], measured[1])
+        return policy
+
+    def lookup_policy(self, config: GenerationConfig) -> Optional[DraftPolicy]:
+        """The own policy of an n-gram lookup tried before the draft model
+        (``ngram=True``) for a k="auto" run with ``config`` (None for a fixed
+        k). Kept per regime for the process, never stored: what a lookup
+        accepts is about the text, not the pair (see
+        :mod:`specgguf.engine.lookup_first`)."""
+        if config.k != "auto":
+            return None
+        if _frozen(config):
+            return DraftPolicy(AUTO_K_MAX, LOOKUP_COSTS, retime=False)
+        policy = self.lookups.get(config.regime)
+        if policy is None:
+            policy = self.lookups[config.regime] = DraftPolicy(AUTO_K_MAX, LOOKUP_COSTS, online_costs=True, retime=False)
         return policy
 
     def _add_prompt_prior(self, policy: DraftPolicy, regime: str) -> None:
@@ -138,4 +154,6 @@ class Learning:
         self.policies.clear()
 
 
-
+def _frozen(config: GenerationConfig) -> bool:
+    """Exact p/q sampling with a seed: the clock must not change the output."""
+    return config.verification == "exact" and config.seed is not None

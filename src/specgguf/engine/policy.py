@@ -190,10 +190,43 @@ class Arms:
         """The upper-confidence term for K = k, relative to its rate."""
         return math.sqrt(math.log(1.0 + sum(self.recent)) / (1.0 + self.recent[k]))
 
+    def source(self) -> str:
+        """Where the round times come from, for users."""
+        timed = sum(1 for n in self.timed if n)
+        if timed:
+            return f"round times of {timed} draft lengths measured in this process"
+        return "stored round times" if self.priors[0].seconds else "the built-in cost prior"
+
     def record(self) -> CostModel:
         """What to store for later runs: this run's round times (a prior there)."""
         return CostModel(seconds=True, rounds=[self.time(k) for k in range(len(self.timed))],
                          draft_prefill=self.catchup_cost(1))
+
+
+def priors(costs: Optional[CostModel], online: bool) -> List[CostModel]:
+    """The cost models untimed K borrow from: stored ``costs`` and the
+    built-in prior, the cheaper winning; a clock-blind policy (not
+    ``online``) can never measure, so it keeps to a record of seconds."""
+    if costs is None:
+        return [CostModel()]
+    return [costs] if costs.seconds and not online else [costs, CostModel()]
+
+
+class Delivered:
+    """Tokens and seconds of recent timed drafting rounds, decayed per round."""
+
+    MEMORY = 0.8  # per drafting round: about the last five
+
+    def __init__(self) -> None:
+        self.tokens = self.seconds = self.rounds = 0.0
+
+    def add(self, tokens: int, seconds: float) -> None:
+        m = self.MEMORY
+        self.tokens, self.seconds, self.rounds = self.tokens * m + tokens, self.seconds * m + seconds, self.rounds * m + 1
+
+    def below(self, rate: float) -> bool:
+        """Whether, over three rounds' worth at least, they delivered under ``rate`` tokens per second."""
+        return self.rounds >= 3 and self.tokens / self.seconds < rate
 
 
 def expected_tokens(k_max: int, acc: Sequence[float]) -> List[float]:
@@ -232,6 +265,9 @@ class DraftPolicy:
         decay: per-round decay of the acceptance counts (None: DECAY).
         p_min: None (no cutoff), a float, or "auto" (learned from the draft's confidence).
         prior: the draft's per-token acceptance measured beforehand; None: none.
+        retime: re-time plain decoding every BASELINE_EVERY rounds; False
+            for a policy whose plain rounds another policy asks for (a lookup's
+            in front of a draft model: see :mod:`specgguf.engine.lookup_first`).
     """
 
     DECAY = 0.95          # per round, on the acceptance counts: a memory of about 20 rounds
@@ -242,24 +278,18 @@ class DraftPolicy:
     PROBE_K = 3           # drafts per probe: the catch-up dominates its cost, so learn several
     PROBE_MARGIN = 1.10   # probe only if the draft could beat plain decoding by this
     GUARD = 0.7           # stop when recent drafting rounds delivered below this times plain's rate
-    DELIVERED_MEMORY = 0.8  # per drafting round, on what the guard reads: about the last five
     FORGET = 0.2          # what is kept of the acceptance counts when the guard fires
     HORIZON = 100         # tokens left when the caller cannot say (DraftModel): without one, each
                           # probe at T=0.8 caught up on a whole previous answer, 0.85x plain
     PROBE_ODDS = 0.2      # the chance a probe finds the optimistic acceptance: its catch-up is weighed against it
 
     def __init__(self, k_max: int = 8, costs: Optional[CostModel] = None, *, online_costs: bool = False,
-                 decay: Optional[float] = None, p_min=None, prior: Optional[float] = None) -> None:
+                 decay: Optional[float] = None, p_min=None, prior: Optional[float] = None,
+                 retime: bool = True) -> None:
         if k_max < 1:
             raise ValueError(f"k_max must be >= 1, got {k_max}")
-        self.k_max, self.online = k_max, online_costs
-        if costs is None:
-            priors = [CostModel()]
-        elif costs.seconds and not online_costs:
-            priors = [costs]  # clock-blind: it can never measure, so it keeps to the record
-        else:
-            priors = [costs, CostModel()]
-        self.arms = Arms(k_max, priors)
+        self.k_max, self.online, self.retime = k_max, online_costs, retime
+        self.arms = Arms(k_max, priors(costs, online_costs))
         self.acceptance = AcceptanceEstimate(k_max, prior, self.DECAY if decay is None else decay)
         self.by_confidence = ConfidenceBins()
         self.p_min_setting = check_p_min(p_min)
@@ -267,7 +297,7 @@ class DraftPolicy:
         self.since_plain = 0   # rounds since the last plain one
         self.lag = 0           # the lag the last choice was made at
         self.after_miss = False  # the last round ended in a rejection (see acceptance.Counts)
-        self.delivered = [0.0, 0.0, 0.0]  # tokens, seconds, rounds of recent timed drafting rounds (decayed)
+        self.delivered = Delivered()  # what recent timed drafting rounds delivered: the guard reads it
 
     def rates(self, acc: Optional[Sequence[float]] = None) -> List[float]:
         """Expected tokens per second (or per unit) for K = 0..k_max."""
@@ -305,13 +335,13 @@ class DraftPolicy:
         if k == 0:
             self.acceptance.idle()
             k = self.probe(remaining, lag)
-        elif self.online and self.since_plain >= (self.BASELINE_EVERY if self.arms.timed[0] else 2):
+        elif self.online and self.retime and self.since_plain >= (self.BASELINE_EVERY if self.arms.timed[0] else 2):
             k = 0  # re-time plain decoding; early if never timed (the first round also read the prompt)
         elif self._losing():
             # The estimate lags what happened (a llama-cpp-python Llama sampling
             # at 0.8 after greedy calls: 13 losing rounds): mostly forget it.
             self.acceptance.forget(self.FORGET)
-            self.delivered = [0.0, 0.0, 0.0]
+            self.delivered = Delivered()
             self.drafting = False
             k = 0
         return k
@@ -319,8 +349,7 @@ class DraftPolicy:
     def _losing(self) -> bool:
         """The guard: recent drafting rounds delivered fewer tokens per second
         than GUARD times plain decoding's rate."""
-        tokens, seconds, rounds = self.delivered
-        return rounds >= 3 and bool(self.arms.timed[0]) and tokens / seconds < self.GUARD / self.arms.time(0)
+        return bool(self.arms.timed[0]) and self.delivered.below(self.GUARD / self.arms.time(0))
 
     def probe(self, remaining: Optional[int] = None, lag: int = 0) -> int:
         """K for a probe from plain decoding, or 0: PROBE_K if, at the
@@ -338,13 +367,7 @@ class DraftPolicy:
         """One line on what the policy would draft now and what that rests
         on: each K's predicted speed against plain decoding, the draft's
         acceptance, and where the round times come from."""
-        timed = sum(1 for n in self.arms.timed if n)
-        if not self.online:
-            costs = "stored round times (a seeded run does not read the clock)"
-        elif timed:
-            costs = f"round times of {timed} draft lengths measured in this process"
-        else:
-            costs = "stored round times" if self.arms.priors[0].seconds else "the built-in cost prior"
+        costs = self.arms.source() if self.online else "stored round times (a seeded run does not read the clock)"
         return why_line(self.rates(), self.acceptance.totals(), costs)
 
     def p_min(self) -> Optional[float]:
@@ -376,7 +399,5 @@ class DraftPolicy:
         timed = None if (caught_up or not self.online) else seconds
         self.arms.observe(drafted, timed)
         if drafted and timed:
-            m = self.DELIVERED_MEMORY
-            self.delivered = [self.delivered[0] * m + accepted + 1, self.delivered[1] * m + timed,
-                              self.delivered[2] * m + 1.0]
+            self.delivered.add(accepted + 1, timed)
         self.since_plain = 0 if drafted == 0 else self.since_plain + 1

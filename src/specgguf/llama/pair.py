@@ -22,7 +22,7 @@ from ..checks import check_int
 from .model import MIN_CTX, LlamaModel, ModelLike, check_slot_memory, eog_tokens, load_llama, machine_id
 from .models import resolve_model
 from ..ops.cross import CrossDrafter
-from ..ops.ngram import FallbackDrafter, NgramDrafter
+from ..ops.ngram import NgramDrafter
 from .rpc import RemoteModel, Workers
 from ..ops.sampling import Sampler
 from ..state import PairState, Store
@@ -95,6 +95,9 @@ class ModelPair:
         if workers and self.slots > 1:
             raise ValueError("parallel > 1 (serve --parallel) does not work with rpc workers yet: "
                              "use parallel=1 with rpc")
+        if ngram and self.slots > 1:
+            raise ValueError("parallel > 1 (serve --parallel) does not work with ngram=True (--ngram) yet: "
+                             "use parallel=1 with a lookup in front of the draft")
         check_split(tensor_split, workers)
         if workers:
             workers.check()  # an unreachable or mismatched worker, named, before anything loads
@@ -114,13 +117,15 @@ class ModelPair:
         cross = self.mode.mode == "cross"  # each model keeps its own width; the drafter maps between them
         self.target = LlamaTarget(load.model(self.target_llm, tpath, None if cross else width, remote=True))
         self.draft_model = None
+        # ngram=True: a lookup tried before the draft model, with its own K (engine.lookup_first)
+        self.lookup = NgramDrafter(n_min=3) if ngram else None
         if model_free:
             self.drafter = NgramDrafter()
         else:
             dmodel = load.model(self.draft_llm, dpath, None if cross else width, remote=draft_rpc)
             self.draft_model = (CrossDrafter(dmodel, self.mode.target, self.mode.draft, self.mode.vmap) if cross
                                 else ModelDrafter(dmodel))
-            self.drafter = FallbackDrafter(NgramDrafter(n_min=3), self.draft_model) if ngram else self.draft_model
+            self.drafter = self.draft_model
         self.text = PromptEncoder(self.target_llm, self.names[0])
         self.eog = eog_tokens(self.target_llm)
         self.state = self._state(store or Store(), [tpath] + ([dpath] if dpath else []), load, model_free)

@@ -6,8 +6,9 @@ its own lag: the decoder never tracks what the draft has evaluated).
 
 Drafters in specgguf: :class:`~specgguf.llama.adapter.ModelDrafter` (a GGUF
 draft model), :class:`~specgguf.ops.ngram.NgramDrafter` (prompt lookup),
-:class:`~specgguf.ops.ngram.FallbackDrafter` (one, else the other), and
-:class:`CallbackDrafter`, which wraps a plain ``draft_step`` function.
+and :class:`CallbackDrafter`, which wraps a plain ``draft_step`` function.
+A lookup tried before a model drafter, each with its own K, is
+:mod:`specgguf.engine.lookup_first`.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .drafter import Draft, Drafter
+from .drafter import Draft
 
 
 class NgramDrafter:
@@ -60,17 +60,3 @@ class NgramDrafter:
                 return Draft(tokens, onehot=True, stop="max" if len(tokens) == k else "end")
         return Draft([], onehot=True, stop="end")
 
-
-class FallbackDrafter:
-    """Try ``first`` (e.g. an n-gram lookup); if it proposes nothing, ``second``.
-    The lag is the second's: the first is a lookup with nothing to catch up on."""
-
-    def __init__(self, first: Drafter, second: Drafter) -> None:
-        self.first, self.second = first, second
-
-    def lag(self, context: Sequence[int]) -> int:
-        return self.second.lag(context)
-
-    def propose(self, context: Sequence[int], k: int, p_min: Optional[float] = None) -> Draft:
-        draft = self.first.propose(context, k)
-        return draft if draft.tokens else self.second.propose(context, k, p_min)
