@@ -7,7 +7,11 @@ model runs; a policy is judged here before it is benchmarked.
 Traces: the synthetic regimes of specgguf.engine.simulator.regimes(), and the
 recorded traces in tests/data/ (bench/record_trace.py).
 
-    .venv/bin/python bench/simulate.py [--seeds 3]
+With --engine, the same traces through the engine's policy (serve with
+parallel > 1: one request at a time, each new to its slot), fresh only: the
+engine keeps no stored round times to poison.
+
+    .venv/bin/python bench/simulate.py [--seeds 3] [--engine]
 """
 
 from __future__ import annotations
@@ -24,9 +28,18 @@ DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--engine", action="store_true", help="through the engine's policy (serve) instead")
     args = ap.parse_args()
     traces = simulator.regimes() + [simulator.load_trace(p) for p in sorted(DATA.glob("trace_*.json"))]
     seeds = range(args.seeds)
+    if args.engine:
+        print("| trace | engine k=auto / oracle | best fixed K | k=auto / plain |")
+        print("|---|---|---|---|")
+        for t in traces:
+            r = simulator.score(t, seeds, engine=True)
+            print(f"| {t.name} | {statistics.median(r['vs_oracle']):.3f} (min {min(r['vs_oracle']):.3f}) | "
+                  f"{statistics.median(r['best_k'])} | {statistics.median(r['vs_plain']):.3f} |", flush=True)
+        return
     print(f"| trace | k=auto / oracle (fresh) | best fixed K | k=auto / plain | k=auto / oracle (poisoned state) |")
     print("|---|---|---|---|---|")
     for t in traces:

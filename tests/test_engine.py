@@ -257,6 +257,26 @@ def test_the_batch_policy_probes_an_unknown_draft_and_reads_nothing_before_a_for
     assert max(p.choose(views)) == BatchPolicy.PROBE_K  # acceptance unknown: a bounded probe
 
 
+def test_the_batch_policy_forgets_an_estimate_the_text_contradicts():
+    """Drafting rounds that deliver under GUARD of the tokens the estimate
+    promised (the text stopped suiting the draft: deeper positions, rarely
+    reached now, kept their old 0.9) make the policy mostly forget what it
+    knew, as DraftPolicy's guard does; without it a draft that had turned
+    poor was retried after every plain round (simulator: 0.95 of plain)."""
+    p = _policy(lambda n: 0.100 + 0.001 * n, lambda n: 0.005 + 0.0005 * n, 0.9)
+    est = p.estimate("greedy")
+    before = est.totals()[1]
+    assert p.choose([SlotView("greedy", 8, False, 1, 1, 100)])[0] >= 4
+    for _ in range(5):
+        p.observe("greedy", 6, 0, False)  # rejected at once, round after round
+    assert est.totals()[1] < 0.3 * before
+    q = _policy(lambda n: 0.100 + 0.001 * n, lambda n: 0.005 + 0.0005 * n, 0.9)
+    for _ in range(20):  # what was promised, about
+        q.observe("greedy", 4, 3, False)
+        q.observe("greedy", 4, 4, False)
+    assert q.delivered["greedy"].rounds > 4.9  # its record of 40 rounds never cleared: the guard kept quiet
+
+
 def test_prompts_and_catch_ups_do_not_bend_the_round_lines():
     """A prompt's forward and a draft's catch-up cost less per token than a
     round's. Fitted with the rounds, they flattened both lines (K=8 looked

@@ -233,6 +233,7 @@ class SpeculativeLlama(CompletionMethods):
         out = self._text(config)
         produced: List[int] = []
         yield from self._decode(iter(ticket), out, should_stop, produced, True, sampler, ticket.stats)
+        self.learning.keep(config.regime, self.engine.hand_over(config.regime))  # for later processes
         result = self._result(ticket, out, produced[:out.n_tokens()], len(ids), time.perf_counter() - t0, before)
         result.stats["cached_tokens"] = ticket.cached
         result.stats["why"] = self.engine.explain(config.regime) if config.k == "auto" else None

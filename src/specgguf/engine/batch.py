@@ -153,6 +153,12 @@ class Engine:
         with self.cond:
             return self.policy.explain(regime)
 
+    def hand_over(self, regime: str) -> dict:
+        """The acceptance evidence ``regime``'s requests gathered since the last
+        hand-over (see :meth:`BatchPolicy.hand_over`), for the state store."""
+        with self.cond:
+            return self.policy.hand_over(regime)
+
     def wake(self) -> None:
         with self.cond:
             self.cond.notify()
@@ -231,8 +237,7 @@ class Engine:
                     continue
                 t.stats.record(len(d.tokens), n, d.stop if d.tokens else None)
                 self.policy.observe(t.regime, len(d.tokens), n, t.after_miss)
-                if d.tokens:
-                    t.after_miss = n < len(d.tokens)
+                t.after_miss = n < len(d.tokens)  # a plain round ends a run of misses (as DraftPolicy)
                 t.stats.draft_seconds += t1 - t0
                 t.stats.target_seconds += t2 - t1
                 if t.stats.rounds == 1:  # the round that also read its prompt

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Sequence
 
 from .acceptance import AcceptanceEstimate
-from .policy import expected_tokens, why_line
+from .policy import Delivered, expected_tokens, why_line
 
 
 class LineFit:
@@ -170,13 +170,21 @@ class BatchPolicy:
 
     PROBE_K = 3           # while a regime's acceptance is unknown, its slots draft this many
     PROBE_EVIDENCE = 16   # draft positions verified before the estimate is trusted
+    PROBE_ODDS = 0.2      # the chance a probe finds the optimistic acceptance (as DraftPolicy's)
+    GUARD = 0.6           # drafting rounds delivering under this of the tokens they were expected to: forget
+    FORGET = 0.2          # what is kept of the acceptance counts then
     EXPLORE_EVERY = 48    # rounds without drafting in a regime before a lone slot tries again
+    EXPLORE_BACKOFF = 16  # each try that went plain at once doubles the wait, up to this many times
 
     def __init__(self, k_max: int = 8) -> None:
         self.k_max = k_max
         self.costs = RoundCosts()
         self.acceptance: Dict[str, AcceptanceEstimate] = {}
-        self.idle: Dict[str, int] = {}
+        self.idle: Dict[str, int] = {}     # rounds since a slot of the regime drafted
+        self.wait: Dict[str, int] = {}     # idle rounds before a lone slot re-explores
+        self.trying: Dict[str, bool] = {}  # the last drafting round was a re-exploration
+        self.seen: Dict[str, float] = {}   # positions verified here, never decayed
+        self.delivered: Dict[str, Delivered] = {}  # drafting rounds' tokens against the estimate's
 
     def estimate(self, regime: str, prior: Optional[float] = None,
                  evidence: Optional[dict] = None) -> AcceptanceEstimate:
@@ -186,22 +194,31 @@ class BatchPolicy:
             est = AcceptanceEstimate(self.k_max, prior)
             est.add_before(evidence)
             self.acceptance[regime], self.idle[regime] = est, 0
+            self.wait[regime], self.trying[regime] = self.EXPLORE_EVERY, False
+            self.seen[regime], self.delivered[regime] = 0.0, Delivered()
         return self.acceptance[regime]
+
+    def _known(self, regime: str) -> bool:
+        """PROBE_EVIDENCE positions known: verified here, or before (a prior, stored evidence)."""
+        return max(self.seen[regime], self.acceptance[regime].totals()[1]) >= self.PROBE_EVIDENCE
 
     def _gains(self, s: SlotView, alone: bool) -> List[float]:
         """Expected tokens the slot emits at K = 0..cap. For a lone slot (under
-        load a probe's catch-up stalls every slot) after EXPLORE_EVERY rounds
-        without drafting: every K at the optimistic figure. Else, while the
-        regime's acceptance is unknown: the optimistic figure for PROBE_K
-        tokens. Capped at PROBE_K, a re-exploration could never pay where
+        load a probe's catch-up stalls every slot) after ``wait`` rounds
+        without drafting (see :meth:`round_done`): every K at the optimistic
+        figure. Else, until PROBE_EVIDENCE positions were ever verified: the
+        optimistic figure for PROBE_K tokens (counted with the decaying
+        evidence instead, a poor draft's few verdicts never added up, and it
+        was probed, catch-up and all, in every call: 0.94x plain decoding).
+        Capped at PROBE_K, a re-exploration could never pay where
         a draft token costs a third of a target token (a round of K=3 must
         then beat plain decoding at 3.8x its time): a lone request that had
         gone plain for 48 rounds stayed plain to its end (128 of 128
         rounds, where K=6 delivered 1.2x)."""
         est = self.acceptance[s.regime]
-        if alone and self.idle[s.regime] >= self.EXPLORE_EVERY:
+        if alone and self.idle[s.regime] >= self.wait[s.regime]:
             acc = [est.optimistic()] * self.k_max
-        elif est.totals()[1] < self.PROBE_EVIDENCE:
+        elif not self._known(s.regime):
             acc = [est.optimistic()] * self.PROBE_K + [0.0] * self.k_max
         else:
             acc = est.per_position(s.after_miss)
@@ -222,6 +239,10 @@ class BatchPolicy:
             return [s.cap if s.fixed else 0 for s in slots]
         known: Dict[tuple, List[float]] = {}
         gains = [known.setdefault((s.regime, s.after_miss, s.cap), self._gains(s, len(slots) == 1)) for s in slots]
+        probe = [s.cap > 0 and not s.fixed and not self._known(s.regime) for s in slots]
+        # A probe's catch-up repays only if the draft turns out good: spread over the tokens left times those odds.
+        slots = [replace(s, remaining=max(1, round(s.remaining * self.PROBE_ODDS))) if p else s
+                 for s, p in zip(slots, probe)]
         seconds, lines = self.costs.seconds, self.costs.lines()
         steady = [replace(s, target_lag=1, draft_lag=min(s.draft_lag, 2)) for s in slots]
         commons = [[s.cap if s.fixed else min(k, s.cap) for s in slots] for k in range(self.k_max + 1)]
@@ -230,7 +251,8 @@ class BatchPolicy:
         best = max(commons, key=score)
         for i, s in enumerate(slots):
             if not s.fixed and s.cap > 0:
-                best[i] = max(range(s.cap + 1), key=lambda k: score(best[:i] + [k] + best[i + 1:]))
+                options = (0, min(self.PROBE_K, s.cap)) if probe[i] else range(s.cap + 1)
+                best[i] = max(options, key=lambda k: score(best[:i] + [k] + best[i + 1:]))
         return best
 
     def explain(self, regime: str) -> str:
@@ -249,15 +271,36 @@ class BatchPolicy:
         return why_line(r, self.acceptance[regime].totals(), f"costs from this engine's forwards ({timed}); "
                         "other requests in the same rounds shrink K", qualifier=" for a request alone")
 
+    def hand_over(self, regime: str) -> dict:
+        """What the slots of ``regime`` verified since the last hand-over, for
+        the state store (:meth:`~specgguf.engine.acceptance.AcceptanceEstimate.hand_over`)."""
+        return self.estimate(regime).hand_over()
+
     def observe(self, regime: str, drafted: int, accepted: int, after_miss: bool) -> None:
         """One slot's verdict: ``accepted`` of ``drafted`` tokens."""
-        est = self.acceptance[regime]
         if drafted:
-            est.observe(drafted if accepted == drafted else accepted + 1, accepted, after_miss)
+            est, delivered = self.acceptance[regime], self.delivered[regime]
+            delivered.add(accepted + 1, expected_tokens(drafted, est.per_position(after_miss))[drafted])
+            verified = drafted if accepted == drafted else accepted + 1
+            est.observe(verified, accepted, after_miss)
+            self.seen[regime] += verified
+            if delivered.below(self.GUARD):  # the estimate lags what the text does now: mostly forget it
+                est.forget(self.FORGET)
+                self.delivered[regime] = Delivered()
 
     def round_done(self, drafted_regimes: set) -> None:
-        """Count rounds without drafting per regime (for exploration)."""
+        """Count rounds without drafting per regime, and judge re-explorations:
+        one the next round drafts on from resets the wait; one it drops
+        doubles it. A draft too poor to pay (Q2_K here, 0.55) paid a
+        catch-up of the whole text every 48 rounds: 4-5% of each call."""
         for regime in self.idle:
-            self.idle[regime] = 0 if regime in drafted_regimes else self.idle[regime] + 1
-            if regime not in drafted_regimes:
+            drafted = regime in drafted_regimes
+            explored = drafted and self.idle[regime] >= self.wait[regime]
+            if drafted and not explored:  # drafting on its merits: tries come at the usual pace
+                self.wait[regime] = self.EXPLORE_EVERY
+            elif not drafted and self.trying[regime]:  # a try dropped at once
+                self.wait[regime] = min(2 * self.wait[regime], self.EXPLORE_EVERY * self.EXPLORE_BACKOFF)
+            self.trying[regime] = explored
+            self.idle[regime] = 0 if drafted else self.idle[regime] + 1
+            if not drafted:
                 self.acceptance[regime].idle()

@@ -137,12 +137,16 @@ class Learning:
         (clock-blind runs write nothing)."""
         if policy is None or not policy.online:
             return
-        contribution = policy.acceptance.hand_over()
-        if sum(contribution["counts"]["verified"]) > 0:
-            self.state.update_evidence(config.regime, lambda old: merge_evidence(old, contribution))
+        self.keep(config.regime, policy.acceptance.hand_over())
         if any(policy.arms.timed):
             self.stored_costs = policy.arms.record().to_dict()
             self.state.save_costs(self.stored_costs)
+
+    def keep(self, regime: str, contribution: dict) -> None:
+        """Merge a run's acceptance evidence (an :meth:`~specgguf.engine.acceptance.AcceptanceEstimate.hand_over`)
+        into the store, where later runs and processes start from it."""
+        if sum(contribution["counts"]["verified"]) > 0:
+            self.state.update_evidence(regime, lambda old: merge_evidence(old, contribution))
 
     def calibrated(self, costs: CostModel, acceptance: Optional[dict]) -> None:
         """Store an explicit calibration; policies made from now on start from it."""

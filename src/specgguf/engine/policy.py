@@ -213,20 +213,21 @@ def priors(costs: Optional[CostModel], online: bool) -> List[CostModel]:
 
 
 class Delivered:
-    """Tokens and seconds of recent timed drafting rounds, decayed per round."""
+    """Tokens recent drafting rounds delivered against what they cost (seconds,
+    or the tokens the estimate expected of them), each decayed per round."""
 
     MEMORY = 0.8  # per drafting round: about the last five
 
     def __init__(self) -> None:
-        self.tokens = self.seconds = self.rounds = 0.0
+        self.tokens = self.cost = self.rounds = 0.0
 
-    def add(self, tokens: int, seconds: float) -> None:
+    def add(self, tokens: float, cost: float) -> None:
         m = self.MEMORY
-        self.tokens, self.seconds, self.rounds = self.tokens * m + tokens, self.seconds * m + seconds, self.rounds * m + 1
+        self.tokens, self.cost, self.rounds = self.tokens * m + tokens, self.cost * m + cost, self.rounds * m + 1
 
     def below(self, rate: float) -> bool:
-        """Whether, over three rounds' worth at least, they delivered under ``rate`` tokens per second."""
-        return self.rounds >= 3 and self.tokens / self.seconds < rate
+        """Whether, over three rounds' worth at least, they delivered under ``rate`` tokens per unit of cost."""
+        return self.rounds >= 3 and self.tokens / self.cost < rate
 
 
 def expected_tokens(k_max: int, acc: Sequence[float]) -> List[float]:

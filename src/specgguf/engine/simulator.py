@@ -18,6 +18,11 @@ what decides a policy's speed is replayed.
   are scaled by lognormal noise, and bursts slow a stretch of rounds alike
   (another process on the machine).
 
+:func:`replay_engine` does the same through the engine's
+:class:`~specgguf.engine.batch_policy.BatchPolicy` (``serve``): one request
+at a time, each a new request in a slot (round 0 reads the prompt, the
+draft catches up on all of it when it first drafts).
+
 :func:`replay` runs calls in order through a real
 :class:`~specgguf.engine.learning.Learning` on a private store, as a
 :class:`~specgguf.SpeculativeLlama` does (the prompt measurement, the
@@ -39,6 +44,7 @@ from typing import Callable, List, Optional, Sequence
 import numpy as np
 
 from ..config import GenerationConfig
+from .batch_policy import BatchPolicy, SlotView
 from .learning import AUTO_K_MAX, Learning
 from ..state import PairState, Store
 
@@ -161,6 +167,36 @@ def _run_call(call: Call, k, learning: Optional[Learning], config: GenerationCon
     return min(pos, n), seconds
 
 
+def _run_engine_call(call: Call, k, policy: BatchPolicy, regime: str, clock: _Clock):
+    """One call alone in the engine's rounds (``serve``, ``parallel`` > 1):
+    ``k`` an int, or "auto" (the :class:`BatchPolicy`, which learns from
+    the forwards it is shown as it does from the engine's). Returns (tokens, seconds)."""
+    c = clock.c
+    seconds, evaluated, pos, n = 0.0, 0, 0, call.n  # a new request: its slot's draft holds none of it
+    after_miss = False
+    while pos < n:
+        context, remaining = call.prompt + pos, n - pos
+        t_lag, lag = (call.prompt, context) if pos == 0 else (1, context - evaluated)
+        cap = 0 if t_lag > 1 else min(policy.k_max if k == "auto" else k, remaining - 1)
+        kk = policy.choose([SlotView(regime, cap, k != "auto", t_lag, lag, remaining, after_miss)])[0]
+        f = clock.factor()
+        clock.round += 1
+        forwards = [(lag, c.draft_cost(lag) * f, 1)] + [(1, c.draft_cost(1) * f, 1)] * (kk - 1) if kk else []
+        accepted = 0
+        while accepted < kk and pos + accepted < n and call.agree[pos + accepted]:
+            accepted += 1
+        target_s, other = c.target_cost(t_lag + kk) * f, c.other * f
+        seconds += target_s + other + sum(x[1] for x in forwards)
+        policy.costs.observe_round(t_lag + kk, target_s, forwards, kk + 1, other, prompt=t_lag > 1)
+        policy.observe(regime, kk, accepted, after_miss)
+        policy.round_done({regime} if kk else set())
+        after_miss = accepted < kk  # as the engine: a plain round ends a run of misses
+        if kk:
+            evaluated = context + min(accepted, kk - 1)
+        pos += accepted + 1
+    return min(pos, n), seconds
+
+
 def replay(trace: Trace, k, seed: int = 0, store: Optional[Store] = None,
            poison: Optional[Callable[[PairState], None]] = None) -> float:
     """Tokens per second over the trace's calls with draft length ``k`` (an
@@ -180,24 +216,39 @@ def replay(trace: Trace, k, seed: int = 0, store: Optional[Store] = None,
         return tokens / seconds
 
 
-def oracle(trace: Trace, seed: int = 0, ks: Sequence[int] = tuple(range(AUTO_K_MAX + 1))) -> tuple:
-    """(best fixed K, its tokens per second) in hindsight, on the same noise."""
-    rates = {k: replay(trace, k, seed) for k in ks}
+def replay_engine(trace: Trace, k, seed: int = 0) -> float:
+    """:func:`replay` through the engine's :class:`BatchPolicy`, one request
+    at a time (one user of ``serve``), from a fresh engine."""
+    policy, regime = BatchPolicy(AUTO_K_MAX), trace.config.regime
+    clock = _Clock(trace.costs, np.random.default_rng(seed))
+    tokens = seconds = 0.0
+    for call in trace.calls:
+        t, s = _run_engine_call(call, k, policy, regime, clock)
+        tokens, seconds = tokens + t, seconds + s
+    return tokens / seconds
+
+
+def oracle(trace: Trace, seed: int = 0, ks: Sequence[int] = tuple(range(AUTO_K_MAX + 1)), run=None) -> tuple:
+    """(best fixed K, its tokens per second) in hindsight, on the same noise;
+    ``run``: :func:`replay` (default) or :func:`replay_engine`."""
+    rates = {k: (run or replay)(trace, k, seed) for k in ks}
     best = max(rates, key=rates.get)
     return best, rates[best]
 
 
-def score(trace: Trace, seeds: Sequence[int] = (0, 1, 2), poison=None) -> dict:
+def score(trace: Trace, seeds: Sequence[int] = (0, 1, 2), poison=None, engine: bool = False) -> dict:
     """``k="auto"`` against the best fixed K and plain decoding, per seed:
-    ``{"auto": [...], "best_k": [...], "vs_oracle": [...], "vs_plain": [...]}``."""
+    ``{"auto": [...], "best_k": [...], "vs_oracle": [...], "vs_plain": [...]}``;
+    ``engine``: through the engine's policy (no stored state to poison)."""
+    run = replay_engine if engine else (lambda t, k, s: replay(t, k, s, poison=poison if k == "auto" else None))
     out = {"auto": [], "best_k": [], "vs_oracle": [], "vs_plain": []}
     for s in seeds:
-        auto = replay(trace, "auto", s, poison=poison)
-        k, best = oracle(trace, s)
+        auto = run(trace, "auto", s)
+        k, best = oracle(trace, s, run=replay_engine if engine else None)
         out["auto"].append(auto)
         out["best_k"].append(k)
         out["vs_oracle"].append(auto / best)
-        out["vs_plain"].append(auto / replay(trace, 0, s))
+        out["vs_plain"].append(auto / run(trace, 0, s))
     return out
 
 
