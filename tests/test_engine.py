@@ -332,3 +332,17 @@ def test_a_next_turn_reports_the_prompt_tokens_its_slot_held(pairs):
     assert n_first - 1 <= r2.stats["cached_tokens"] < r2.stats["prompt_tokens"], (r1.stats, r2.stats)
     completion = many.create_chat_completion(follow, max_tokens=4, temperature=0)
     assert completion["usage"]["prompt_tokens_details"]["cached_tokens"] >= n_first - 1
+
+
+def test_what_the_engine_learns_of_the_draft_is_stored_for_later_processes(pairs):
+    """The engine read stored acceptance evidence but never wrote any: every
+    serve process started blind, probing its draft again. Each request now
+    hands what its rounds verified to the state store."""
+    many, _ = pairs
+    regime = many.defaults.regime
+    before = many.pair.state.evidence(regime)
+    n0 = before["total"][1] if before else 0.0
+    r = many.generate(chat(PROMPTS[2]), max_tokens=32, k=3, chat=True)
+    assert r.stats["drafted"] > 0
+    after = many.pair.state.evidence(regime)
+    assert after is not None and after["total"][1] > 0 and after["total"][1] != n0
