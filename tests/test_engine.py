@@ -274,7 +274,7 @@ def test_the_batch_policy_forgets_an_estimate_the_text_contradicts():
     for _ in range(20):  # what was promised, about
         q.observe("greedy", 4, 3, False)
         q.observe("greedy", 4, 4, False)
-    assert q.delivered["greedy"].rounds > 4.9  # its record of 40 rounds never cleared: the guard kept quiet
+    assert q.regimes["greedy"].delivered.rounds > 4.9  # its record of 40 rounds never cleared: the guard kept quiet
 
 
 def test_prompts_and_catch_ups_do_not_bend_the_round_lines():
@@ -315,7 +315,7 @@ def test_a_request_whose_draft_lags_its_prompt_drafts_when_the_catch_up_repays()
     fit(p.costs.rows, 0.0, 0.0002)
     p.estimate("greedy").add_prior(0.95, 20)
     assert p.choose([SlotView("greedy", 8, False, 1, 20, 127)])[0] >= 3
-    p.idle["greedy"] = BatchPolicy.EXPLORE_EVERY  # a lone slot long without drafting re-explores every K
+    p.regimes["greedy"].idle = BatchPolicy.EXPLORE_EVERY  # a lone slot long without drafting re-explores every K
     assert p.choose([SlotView("greedy", 8, False, 1, 20, 127)])[0] >= 3
     assert p.choose([SlotView("greedy", 8, False, 1, 20, 2)]) == [0]  # two tokens left: not worth it
 

@@ -34,7 +34,7 @@ import numpy as np
 from llama_cpp.llama_speculative import LlamaDraftModel
 
 from .ops.drafter import Draft, common_prefix
-from .engine.learning import AUTO_K_MAX, LOOKUP_COSTS
+from .engine.learning import AUTO_K_MAX, new_lookup_policy
 from .llama.adapter import ModelDrafter
 from .llama.model import InUse, LlamaModel, ModelLike, load_llama
 from .llama.vocab import check_vocab
@@ -102,7 +102,7 @@ class DraftModel(LlamaDraftModel):
             auto = self.k == "auto"
             self.policy = DraftPolicy(AUTO_K_MAX, online_costs=True) if auto else None
             self.lookup = None if self.ngram is None else LookupFirst(
-                self.ngram, DraftPolicy(AUTO_K_MAX, LOOKUP_COSTS, online_costs=True, retime=False) if auto else None,
+                self.ngram, new_lookup_policy() if auto else None,
                 0 if auto else int(self.k))
             self.last: Optional[_Round] = None
             self._stats: Dict[str, object] = {"calls": 0, "drafted": 0, "accepted": 0, "k_hist": {},

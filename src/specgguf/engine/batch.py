@@ -155,9 +155,9 @@ class Engine:
 
     def hand_over(self, regime: str) -> dict:
         """The acceptance evidence ``regime``'s requests gathered since the last
-        hand-over (see :meth:`BatchPolicy.hand_over`), for the state store."""
+        hand-over (:meth:`~specgguf.engine.acceptance.AcceptanceEstimate.hand_over`), for the state store."""
         with self.cond:
-            return self.policy.hand_over(regime)
+            return self.policy.estimate(regime).hand_over()
 
     def wake(self) -> None:
         with self.cond:

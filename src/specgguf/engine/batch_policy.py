@@ -19,11 +19,11 @@ steeper in total tokens than the draft's savings, so K shrinks by itself.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Sequence
 
 from .acceptance import AcceptanceEstimate
-from .policy import Delivered, expected_tokens, why_line
+from .policy import Delivered, DraftPolicy, expected_tokens, why_line
 
 
 class LineFit:
@@ -165,42 +165,48 @@ class RoundCosts:
         self.rows.observe(rows, other_seconds)
 
 
+@dataclass
+class Regime:
+    """What the policy knows of the draft in one sampling regime, pooled over its slots."""
+
+    estimate: AcceptanceEstimate
+    wait: int                 # idle rounds before a lone slot re-explores
+    idle: int = 0             # rounds since a slot of the regime drafted
+    trying: bool = False      # the last drafting round was a re-exploration
+    seen: float = 0.0         # positions verified here, never decayed
+    delivered: Delivered = field(default_factory=Delivered)  # drafting rounds' tokens against the estimate's
+
+
 class BatchPolicy:
     """Per-slot K for the engine's rounds, from measured forward costs."""
 
     PROBE_K = 3           # while a regime's acceptance is unknown, its slots draft this many
     PROBE_EVIDENCE = 16   # draft positions verified before the estimate is trusted
-    PROBE_ODDS = 0.2      # the chance a probe finds the optimistic acceptance (as DraftPolicy's)
+    PROBE_ODDS = DraftPolicy.PROBE_ODDS  # the chance a probe finds the optimistic acceptance
     GUARD = 0.6           # drafting rounds delivering under this of the tokens they were expected to: forget
-    FORGET = 0.2          # what is kept of the acceptance counts then
+    FORGET = DraftPolicy.FORGET  # what is kept of the acceptance counts then
     EXPLORE_EVERY = 48    # rounds without drafting in a regime before a lone slot tries again
     EXPLORE_BACKOFF = 16  # each try that went plain at once doubles the wait, up to this many times
 
     def __init__(self, k_max: int = 8) -> None:
         self.k_max = k_max
         self.costs = RoundCosts()
-        self.acceptance: Dict[str, AcceptanceEstimate] = {}
-        self.idle: Dict[str, int] = {}     # rounds since a slot of the regime drafted
-        self.wait: Dict[str, int] = {}     # idle rounds before a lone slot re-explores
-        self.trying: Dict[str, bool] = {}  # the last drafting round was a re-exploration
-        self.seen: Dict[str, float] = {}   # positions verified here, never decayed
-        self.delivered: Dict[str, Delivered] = {}  # drafting rounds' tokens against the estimate's
+        self.regimes: Dict[str, Regime] = {}
 
     def estimate(self, regime: str, prior: Optional[float] = None,
                  evidence: Optional[dict] = None) -> AcceptanceEstimate:
         """The pooled acceptance of ``regime``, made on first use from a
         measured ``prior`` and stored ``evidence``."""
-        if regime not in self.acceptance:
+        if regime not in self.regimes:
             est = AcceptanceEstimate(self.k_max, prior)
             est.add_before(evidence)
-            self.acceptance[regime], self.idle[regime] = est, 0
-            self.wait[regime], self.trying[regime] = self.EXPLORE_EVERY, False
-            self.seen[regime], self.delivered[regime] = 0.0, Delivered()
-        return self.acceptance[regime]
+            self.regimes[regime] = Regime(est, self.EXPLORE_EVERY)
+        return self.regimes[regime].estimate
 
     def _known(self, regime: str) -> bool:
         """PROBE_EVIDENCE positions known: verified here, or before (a prior, stored evidence)."""
-        return max(self.seen[regime], self.acceptance[regime].totals()[1]) >= self.PROBE_EVIDENCE
+        r = self.regimes[regime]
+        return max(r.seen, r.estimate.totals()[1]) >= self.PROBE_EVIDENCE
 
     def _gains(self, s: SlotView, alone: bool) -> List[float]:
         """Expected tokens the slot emits at K = 0..cap. For a lone slot (under
@@ -215,8 +221,9 @@ class BatchPolicy:
         then beat plain decoding at 3.8x its time): a lone request that had
         gone plain for 48 rounds stayed plain to its end (128 of 128
         rounds, where K=6 delivered 1.2x)."""
-        est = self.acceptance[s.regime]
-        if alone and self.idle[s.regime] >= self.wait[s.regime]:
+        r = self.regimes[s.regime]
+        est = r.estimate
+        if alone and r.idle >= r.wait:
             acc = [est.optimistic()] * self.k_max
         elif not self._known(s.regime):
             acc = [est.optimistic()] * self.PROBE_K + [0.0] * self.k_max
@@ -268,39 +275,34 @@ class BatchPolicy:
         lines = costs.lines()
         r = [g[k] / max(costs.seconds([lone], [k], lines), 1e-9) for k in range(self.k_max + 1)]
         timed = "draft forwards timed" if costs.draft.known else "the draft's cost guessed (no draft forward timed yet)"
-        return why_line(r, self.acceptance[regime].totals(), f"costs from this engine's forwards ({timed}); "
+        return why_line(r, self.regimes[regime].estimate.totals(), f"costs from this engine's forwards ({timed}); "
                         "other requests in the same rounds shrink K", qualifier=" for a request alone")
-
-    def hand_over(self, regime: str) -> dict:
-        """What the slots of ``regime`` verified since the last hand-over, for
-        the state store (:meth:`~specgguf.engine.acceptance.AcceptanceEstimate.hand_over`)."""
-        return self.estimate(regime).hand_over()
 
     def observe(self, regime: str, drafted: int, accepted: int, after_miss: bool) -> None:
         """One slot's verdict: ``accepted`` of ``drafted`` tokens."""
         if drafted:
-            est, delivered = self.acceptance[regime], self.delivered[regime]
-            delivered.add(accepted + 1, expected_tokens(drafted, est.per_position(after_miss))[drafted])
+            r = self.regimes[regime]
+            r.delivered.add(accepted + 1, expected_tokens(drafted, r.estimate.per_position(after_miss))[drafted])
             verified = drafted if accepted == drafted else accepted + 1
-            est.observe(verified, accepted, after_miss)
-            self.seen[regime] += verified
-            if delivered.below(self.GUARD):  # the estimate lags what the text does now: mostly forget it
-                est.forget(self.FORGET)
-                self.delivered[regime] = Delivered()
+            r.estimate.observe(verified, accepted, after_miss)
+            r.seen += verified
+            if r.delivered.below(self.GUARD):  # the estimate lags what the text does now: mostly forget it
+                r.estimate.forget(self.FORGET)
+                r.delivered = Delivered()
 
     def round_done(self, drafted_regimes: set) -> None:
         """Count rounds without drafting per regime, and judge re-explorations:
         one the next round drafts on from resets the wait; one it drops
         doubles it. A draft too poor to pay (Q2_K here, 0.55) paid a
         catch-up of the whole text every 48 rounds: 4-5% of each call."""
-        for regime in self.idle:
+        for regime, r in self.regimes.items():
             drafted = regime in drafted_regimes
-            explored = drafted and self.idle[regime] >= self.wait[regime]
+            explored = drafted and r.idle >= r.wait
             if drafted and not explored:  # drafting on its merits: tries come at the usual pace
-                self.wait[regime] = self.EXPLORE_EVERY
-            elif not drafted and self.trying[regime]:  # a try dropped at once
-                self.wait[regime] = min(2 * self.wait[regime], self.EXPLORE_EVERY * self.EXPLORE_BACKOFF)
-            self.trying[regime] = explored
-            self.idle[regime] = 0 if drafted else self.idle[regime] + 1
+                r.wait = self.EXPLORE_EVERY
+            elif not drafted and r.trying:  # a try dropped at once
+                r.wait = min(2 * r.wait, self.EXPLORE_EVERY * self.EXPLORE_BACKOFF)
+            r.trying = explored
+            r.idle = 0 if drafted else r.idle + 1
             if not drafted:
-                self.acceptance[regime].idle()
+                r.estimate.idle()

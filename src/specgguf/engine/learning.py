@@ -114,11 +114,10 @@ class Learning:
         if config.k != "auto":
             return None
         if _frozen(config):
-            return DraftPolicy(AUTO_K_MAX, LOOKUP_COSTS, retime=False)
-        policy = self.lookups.get(config.regime)
-        if policy is None:
-            policy = self.lookups[config.regime] = DraftPolicy(AUTO_K_MAX, LOOKUP_COSTS, online_costs=True, retime=False)
-        return policy
+            return new_lookup_policy(online=False)
+        if config.regime not in self.lookups:
+            self.lookups[config.regime] = new_lookup_policy()
+        return self.lookups[config.regime]
 
     def _add_prompt_prior(self, policy: DraftPolicy, regime: str) -> None:
         """The acceptance an earlier run measured on its prompt, if stored (a damaged record: none)."""
@@ -156,6 +155,12 @@ class Learning:
             self.measured = acceptance
             self.state.save_acceptance(acceptance)
         self.policies.clear()
+
+
+def new_lookup_policy(online: bool = True) -> DraftPolicy:
+    """A new policy for an n-gram lookup in front of a draft model: a lookup's
+    costs, and no re-timing of its own (see :mod:`specgguf.engine.lookup_first`)."""
+    return DraftPolicy(AUTO_K_MAX, LOOKUP_COSTS, online_costs=online, retime=False)
 
 
 def _frozen(config: GenerationConfig) -> bool:

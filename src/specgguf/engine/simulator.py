@@ -118,6 +118,15 @@ class _Clock:
         return f
 
 
+def _accepted(call: Call, pos: int, k: int) -> int:
+    """Draft tokens a round at output position ``pos`` that drafts ``k`` keeps:
+    the run of agreements from ``pos``, at most ``k``."""
+    a = 0
+    while a < k and pos + a < call.n and call.agree[pos + a]:
+        a += 1
+    return a
+
+
 def _run_call(call: Call, k, learning: Optional[Learning], config: GenerationConfig, clock: _Clock):
     """One call; returns (tokens, seconds). ``k``: an int, or "auto" (the policy)."""
     c = clock.c
@@ -149,9 +158,7 @@ def _run_call(call: Call, k, learning: Optional[Learning], config: GenerationCon
             checked = 0 if lag <= 2 else max(0, min(CHECK_ROWS, lag - 1, pos))
             if checked:
                 catchup = (float(sum(call.agree[pos - checked:pos])), checked)
-        accepted = 0
-        while accepted < kk and pos + accepted < n and call.agree[pos + accepted]:
-            accepted += 1
+        accepted = _accepted(call, pos, kk)
         target_s = c.target_cost(call.prompt if rounds == 0 else kk + 1) * f  # round 0 reads the prompt
         round_s = draft_s + target_s + c.other * f
         seconds += round_s
@@ -182,9 +189,7 @@ def _run_engine_call(call: Call, k, policy: BatchPolicy, regime: str, clock: _Cl
         f = clock.factor()
         clock.round += 1
         forwards = [(lag, c.draft_cost(lag) * f, 1)] + [(1, c.draft_cost(1) * f, 1)] * (kk - 1) if kk else []
-        accepted = 0
-        while accepted < kk and pos + accepted < n and call.agree[pos + accepted]:
-            accepted += 1
+        accepted = _accepted(call, pos, kk)
         target_s, other = c.target_cost(t_lag + kk) * f, c.other * f
         seconds += target_s + other + sum(x[1] for x in forwards)
         policy.costs.observe_round(t_lag + kk, target_s, forwards, kk + 1, other, prompt=t_lag > 1)
