@@ -88,7 +88,8 @@ int main() {
                 }
             }
             const WarpParams settings[] = {{0.8, 0, 1.0, 0.0}, {0.8, 40, 0.95, 0.05}, {1.3, 0, 0.9, 0.0},
-                                           {0.5, 0, 1.0, 0.05}, {1.0, 2000, 0.99, 0.0}};
+                                           {0.5, 0, 1.0, 0.05}, {1.0, 2000, 0.99, 0.0},
+                                           {0.9, 300, 1.0, 0.0}};
             WarpScratch ws;
             for (const WarpParams& wp : settings) {
                 const std::size_t n0 = warp_row(ref, lg.data(), v, wp, w0.data(), ws);

@@ -18,8 +18,11 @@ inline bool before(const Cand& a, const Cand& b) {
 }
 
 // Up to this k, top-k keeps a heap of the best k seen (once it is full, one
-// compare per logit); beyond it, a linear-time selection.
-constexpr std::size_t kHeapMax = 1024;
+// compare per logit). Beyond it, the heap's floor rose too slowly (top-k
+// 1000: thousands of insertions, 500 us a row at V = 49152), so the row's
+// logits above a threshold taken from a sample are gathered and selected.
+constexpr std::size_t kHeapMax = 64;
+constexpr std::size_t kSampleStride = 16;
 
 // Distances below the top, d = f32(top - l) >= 0, in bins of 1/16 octave:
 // the top 12 bits of d's float (non-negative floats order like their bits).
@@ -44,8 +47,31 @@ inline float float_at_least(double x) {
     return (double)f < x ? std::nextafter(f, kInf) : f;
 }
 
+// c = every (logit, index) with logit > t, by index.
+void gather_above(const Kernels& kern, const float* l, std::size_t v, float t, std::vector<Cand>& c,
+                  WarpScratch& s) {
+    s.idx.resize(v);
+    const std::size_t n = kern.indices_above(l, v, t, s.idx.data());
+    c.resize(n);
+    for (std::size_t i = 0; i < n; ++i) c[i] = {l[s.idx[i]], s.idx[i]};
+}
+
+// A logit with, most likely, about 2k + 8 kSampleStride logits of the row
+// above it: the one ranked 2k / kSampleStride + 8 in a strided sample of the
+// finite logits; -inf when the sample is too short to tell.
+float sample_threshold(const float* l, std::size_t v, std::size_t k, WarpScratch& s) {
+    s.a.clear();
+    for (std::size_t j = 0; j < v; j += kSampleStride)
+        if (l[j] != -kInf) s.a.push_back(l[j]);
+    const std::size_t r = 2 * k / kSampleStride + 8;
+    if (r >= s.a.size()) return -kInf;
+    std::nth_element(s.a.begin(), s.a.begin() + r, s.a.end(), [](float a, float b) { return a > b; });
+    return s.a[r];
+}
+
 // c = the k best ranked finite logits, ranked.
-void select_top_k(const Kernels& kern, const float* l, std::size_t v, std::size_t k, std::vector<Cand>& c) {
+void select_top_k(const Kernels& kern, const float* l, std::size_t v, std::size_t k, std::vector<Cand>& c,
+                  WarpScratch& s) {
     c.clear();
     if (k <= kHeapMax) {
         // The heap's front is the worst kept candidate. Indices rise, so a
@@ -65,23 +91,18 @@ void select_top_k(const Kernels& kern, const float* l, std::size_t v, std::size_
             ++j;
         }
     } else {
-        for (std::size_t j = 0; j < v; ++j)
-            if (l[j] != -kInf) c.emplace_back(l[j], (std::uint32_t)j);
+        // Every logit above t ranks before every logit at or below it, so when
+        // at least k lie above t the k best are among them. Ties at t or an
+        // unlucky sample leave fewer: then every finite logit.
+        const float t = sample_threshold(l, v, k, s);
+        gather_above(kern, l, v, t, c, s);
+        if (c.size() < k && t != -kInf) gather_above(kern, l, v, -kInf, c, s);
         if (c.size() > k) {
             std::nth_element(c.begin(), c.begin() + k, c.end(), before);
             c.resize(k);
         }
     }
     std::sort(c.begin(), c.end(), before);
-}
-
-// c = every (logit, index) with logit > t, by index.
-void gather_above(const Kernels& kern, const float* l, std::size_t v, float t, std::vector<Cand>& c,
-                  WarpScratch& s) {
-    s.idx.resize(v);
-    const std::size_t n = kern.indices_above(l, v, t, s.idx.data());
-    c.resize(n);
-    for (std::size_t i = 0; i < n; ++i) c[i] = {l[s.idx[i]], s.idx[i]};
 }
 
 // The kept tokens c[0..n) (their logits and indices) into out: e_j at the
@@ -105,7 +126,7 @@ std::size_t write_kept(const Kernels& kern, const std::vector<Cand>& c, std::siz
 // them. Writes the warp into out; returns the number kept.
 std::size_t warp_top_k(const Kernels& kern, const float* l, std::size_t v, std::size_t k, float top,
                        float inv_t, const WarpParams& wp, float* out, WarpScratch& s) {
-    select_top_k(kern, l, v, k, s.cand);
+    select_top_k(kern, l, v, k, s.cand, s);
     const std::size_t n = s.cand.size();
     s.a.resize(n);
     s.b.resize(n);
@@ -131,17 +152,23 @@ std::size_t warp_top_k(const Kernels& kern, const float* l, std::size_t v, std::
     return write_kept(kern, s.cand, kept, v, top, inv_t, out, s);  // the temperature on the kept ones
 }
 
+// Into s.idx, by index: every j with l[j] above top - d less a margin (a
+// vector compare pass), a superset of the j with f32(top - l[j]) <= d, the
+// distance as the definition computes it. Returns how many.
+std::size_t near_top(const Kernels& kern, const float* l, std::size_t v, float top, float d, WarpScratch& s) {
+    const double t = (double)top - (double)d;
+    s.idx.resize(v);
+    return kern.indices_above(l, v, (float)(t - 1e-2 - 1e-6 * std::fabs(t)), s.idx.data());
+}
+
 // Every (logit, index) with f32(top - logit) <= d, by index, into c: the
-// row's tokens within d of its top (first_above with a margin, then the
-// distance exactly as the definition computes it).
+// row's tokens within d of its top.
 void gather_within(const Kernels& kern, const float* l, std::size_t v, float top, float d, std::vector<Cand>& c,
                    WarpScratch& s) {
-    const double t = (double)top - (double)d;
-    gather_above(kern, l, v, (float)(t - 1e-2 - 1e-6 * std::fabs(t)), c, s);
-    std::size_t n = 0;
-    for (const Cand& x : c)
-        if (top - x.first <= d) c[n++] = x;
-    c.resize(n);
+    const std::size_t n = near_top(kern, l, v, top, d, s);
+    c.clear();
+    for (std::size_t i = 0; i < n; ++i)
+        if (top - l[s.idx[i]] <= d) c.emplace_back(l[s.idx[i]], s.idx[i]);
 }
 
 // Top-p over the whole row (no top-k), from the masses m (temperature 1)
@@ -149,14 +176,27 @@ void gather_within(const Kernels& kern, const float* l, std::size_t v, float top
 // eps = (1 - top_p) M / v hold less than (1 - top_p) M together, so the kept
 // prefix ends before any of them: only tokens within -ln(eps) of the top
 // (plus slack for E's rounding) are looked at, binned by distance, and only
-// the bin where the mass reaches top_p M is sorted.
+// the bin where the mass reaches top_p M is sorted. Two scalar loops over
+// those tokens (bin; keep), each reading a token's distance once: the
+// window holds a quarter of an LM row and more, so these loops are the cost.
 void nucleus(const Kernels& kern, const float* l, const float* m, std::size_t v, float top, double M,
              double top_p, WarpScratch& s, std::vector<Cand>& kept) {
     const double target = top_p * M;
     const double eps = (1.0 - top_p) * M / (double)v;
-    gather_within(kern, l, v, top, (float)std::min(64.0, -std::log(eps) + 1e-3), s.cand, s);
+    const float window = (float)std::min(64.0, -std::log(eps) + 1e-3);
+    const std::size_t near = near_top(kern, l, v, top, window, s);
     s.bins.assign(kBins, 0.0);
-    for (const Cand& c : s.cand) s.bins[bin_of(top - c.first)] += m[c.second];
+    s.keys.resize(near);
+    std::size_t n = 0;  // s.idx[0..n): the tokens within the window; s.keys: their bins
+    for (std::size_t i = 0; i < near; ++i) {
+        const std::uint32_t j = s.idx[i];
+        const float d = top - l[j];
+        if (d > window) continue;
+        const std::uint32_t key = bin_of(d);
+        s.bins[key] += m[j];
+        s.idx[n] = j;
+        s.keys[n++] = (std::uint16_t)key;
+    }
     double acc = 0.0;
     std::uint32_t b = 0;
     for (; b < kBins && acc + s.bins[b] < target; ++b) acc += s.bins[b];
@@ -164,14 +204,12 @@ void nucleus(const Kernels& kern, const float* l, const float* m, std::size_t v,
         gather_above(kern, l, v, -kInf, kept, s);
         return;
     }
-    const float lo = bin_floor(b), hi = bin_floor(b + 1);
-    std::size_t edge = 0;  // s.cand: the tokens before the edge bin to `kept`, the edge bin to the front
-    for (const Cand& c : s.cand) {
-        const float d = top - c.first;
-        if (d < lo) kept.push_back(c);
-        else if (d < hi) s.cand[edge++] = c;
+    s.cand.clear();  // the edge bin's tokens; those of earlier bins go straight to `kept`
+    for (std::size_t i = 0; i < n; ++i) {
+        const std::uint32_t j = s.idx[i];
+        if (s.keys[i] < b) kept.emplace_back(l[j], j);
+        else if (s.keys[i] == b) s.cand.emplace_back(l[j], j);
     }
-    s.cand.resize(edge);
     std::sort(s.cand.begin(), s.cand.end(), before);
     for (const Cand& c : s.cand) {
         kept.push_back(c);

@@ -27,8 +27,9 @@
 // heavy enough to matter are binned by distance below the top (1/16 octave
 // a bin), only the bin where the mass reaches top_p is sorted, and the
 // temperature's exps are taken on the kept tokens alone. Top-k is a heap
-// (k <= 1024; a selection beyond) whose full state skips every logit below
-// its worst kept one a vector compare at a time, then everything on the k
+// (k <= 64) whose full state skips every logit below its worst kept one a
+// vector compare at a time; beyond, the logits above a threshold read off a
+// strided sample are gathered and selected; then everything on the k
 // survivors.
 #pragma once
 #include <cstddef>
@@ -55,6 +56,7 @@ struct WarpScratch {
     std::vector<float> a, b;                            // gathered logits, their exps
     std::vector<float> m;                               // a row's masses at temperature 1
     std::vector<double> bins;                           // mass per distance bin (top-p)
+    std::vector<std::uint16_t> keys;                    // the bin of each token near the top (top-p)
     std::vector<double> chunks;                         // canonical chunk sums of a row
 };
 

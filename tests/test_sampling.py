@@ -47,7 +47,8 @@ def test_warp_rules():
 
 
 WARPS = [(0.8, 0, 1.0, 0.0), (0.8, 40, 0.95, 0.05), (1.3, 0, 0.9, 0.0), (0.5, 0, 1.0, 0.05),
-         (0.7, 0, 0.95, 0.05), (1.0, 2000, 0.99, 0.0), (2.0, 0, 1.0, 0.0), (0.1, 0, 0.5, 0.0)]
+         (0.7, 0, 0.95, 0.05), (1.0, 2000, 0.99, 0.0), (2.0, 0, 1.0, 0.0), (0.1, 0, 0.5, 0.0),
+         (0.8, 1000, 1.0, 0.0), (1.0, 100, 0.9, 0.0)]
 
 
 @pytest.mark.parametrize("setting", WARPS)
@@ -55,12 +56,15 @@ def test_warp_at_a_real_vocabulary_size_is_the_reference_on_every_kernel(setting
     """V = 49152 (SmolLM2's): the O(V) paths (no top-k: the softmax, the
     top-p bins, the min-p select; large top-k: selection) give the same bits
     on every kernel path this CPU runs, and the reference's kept set and
-    probabilities."""
+    probabilities. The tied row (seven values) puts thousands of ties at
+    large top-k's sampled threshold: at top-k 2000 fewer than k lie above
+    it, and the selection takes the whole row instead."""
     rng = np.random.default_rng(7)
     v = 49152
     peaked = rng.standard_normal(v) * 2 + np.where(rng.random(v) < 2e-3, 9.0, 0.0)  # a few strong tokens
     flat = rng.standard_normal(v) * 3                                                # a wide nucleus
-    logits = np.stack([peaked, flat]).astype(np.float32)
+    tied = np.round(flat / 4)                                                        # ties at every cut
+    logits = np.stack([peaked, flat, tied]).astype(np.float32)
     logits[:, ::97] = -np.inf
     want = reference.warp(logits, *setting)
     before = _core.get_kernel()
