@@ -482,8 +482,36 @@ def test_generation_settings_given_at_construction_are_the_objects_defaults(targ
     assert llm.defaults.k == 0 and llm.defaults.max_tokens == 12
     r = llm.generate(msgs(PROMPTS[0]))
     assert r.stats["drafted"] == 0 and 0 < r.stats["completion_tokens"] <= 12
+    # create_* once rebuilt every call's settings from scratch: k=0 drafted at k="auto".
+    r = llm.create_chat_completion(msgs(PROMPTS[0]), max_tokens=12)
+    assert r["speculation"]["drafted"] == 0
+    ks = llm.create_chat_completion(msgs(PROMPTS[0]), max_tokens=12, k=2, temperature=0)["speculation"]["k_chosen"]
+    assert max(int(k) for k in ks) == 2  # the call's k wins (K=1 where fewer tokens are left)
     with pytest.raises(TypeError, match="unknown argument.*n_ctxx.*load options.*n_ctx"):
         specgguf.SpeculativeLlama(target, draft, n_ctxx=512)
+
+
+def test_create_methods_take_the_objects_sampling_settings_then_llama_cpp_pythons(target, draft):
+    """A sampling argument a call leaves out takes the object's setting, else
+    llama-cpp-python's default; a call's own argument wins over both."""
+    cfg = specgguf.GenerationConfig(temperature=0.0, top_k=7)
+    llm = specgguf.SpeculativeLlama(target, draft, config=cfg, k=0, seed=3)
+    assert llm.chosen["temperature"] == 0.0 and llm.chosen["k"] == 0  # a whole config counts as given
+    chat = llm._settings("chat", None, {"top_p": None})
+    assert (chat.temperature, chat.top_k, chat.seed, chat.k) == (0.0, 7, 3, 0)
+    assert (chat.top_p, chat.min_p) == (cfg.top_p, cfg.min_p)
+    some = specgguf.SpeculativeLlama(target, draft, k=0, top_k=7)
+    chat = some._settings("chat", None, {})
+    assert (chat.temperature, chat.top_k, chat.top_p, chat.min_p, chat.k) == (0.2, 7, 0.95, 0.05, 0)
+    assert chat.max_tokens == llm.n_ctx
+    call = llm._settings("completion", 16, {"temperature": 0.5, "top_k": 40, "seed": 9})
+    assert (call.temperature, call.top_k, call.seed, call.max_tokens) == (0.5, 40, 9, 16)
+    plain = specgguf.SpeculativeLlama(target, draft)
+    assert plain._settings("chat", 5, {}).temperature == 0.2
+    assert plain._settings("completion", 5, {}).temperature == 0.8
+    # The object's greedy default reaches a real call: greedy verification, the target's own text.
+    r = llm.create_chat_completion(msgs(PROMPTS[1]), max_tokens=16, top_k=None)
+    assert r["speculation"]["verification"] == "greedy"
 
 
 def test_the_prompt_is_measured_only_where_the_target_reads_it_anyway(target, draft):

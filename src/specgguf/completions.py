@@ -3,7 +3,11 @@ a :class:`~specgguf.SpeculativeLlama`.
 
 Same keyword names, same defaults, same return shapes (including the
 streaming chunks), so code written for ``llama_cpp.Llama`` switches by
-changing only the constructor. Speculation stats ride along under one extra
+changing only the constructor. Settings given to the object
+(``SpeculativeLlama(t, d, k=0, temperature=0)``) are its calls' defaults:
+a sampling argument a call leaves out takes the object's setting if it has
+one, else llama-cpp-python's default; ``max_tokens`` keeps
+llama-cpp-python's meaning (16 for a completion, None: up to the context). Speculation stats ride along under one extra
 key, ``"speculation"`` (in the response, or the last chunk of a stream; each
 text chunk's holds the provenance of its tokens, ``sources``), and under
 llama-server's ``"timings"`` (``draft_n``, ``draft_n_accepted``).
@@ -95,27 +99,41 @@ def timings(stats: dict) -> dict:
             "draft_n": stats["drafted"], "draft_n_accepted": stats["accepted"]}
 
 
-def _settings(max_tokens: Optional[int], n_ctx: int, **kw) -> GenerationConfig:
-    # llama-cpp-python: max_tokens None or <= 0 means "up to the context window".
-    limit = n_ctx if max_tokens is None or max_tokens <= 0 else max_tokens
-    return GenerationConfig.from_kwargs(max_tokens=limit, **{k: v for k, v in kw.items() if v is not None})
+# llama-cpp-python's defaults for the sampling arguments of its create_* methods.
+LLAMA_SAMPLING = {"completion": {"temperature": 0.8, "top_p": 0.95, "min_p": 0.05, "top_k": 40},
+                  "chat": {"temperature": 0.2, "top_p": 0.95, "min_p": 0.05, "top_k": 40}}
 
 
 class CompletionMethods:
     """The Llama-shaped methods; the host class provides ``run``, ``n_ctx``,
-    ``names`` and ``piece`` (a token's bytes)."""
+    ``names``, ``piece`` (a token's bytes), ``defaults`` (a
+    :class:`GenerationConfig`) and ``chosen`` (the settings it was given)."""
+
+    def _settings(self, kind: str, max_tokens: Optional[int], call: Dict[str, Any]) -> GenerationConfig:
+        """One call's config: the call's arguments (None: not given) over the
+        object's chosen sampling settings over llama-cpp-python's, on the
+        object's defaults for the rest (k, p_min, drafter_invariant, ...)."""
+        # llama-cpp-python: max_tokens None or <= 0 means "up to the context window".
+        limit = self.n_ctx if max_tokens is None or max_tokens <= 0 else max_tokens
+        sampling = {name: self.chosen.get(name, v) for name, v in LLAMA_SAMPLING[kind].items()}
+        given = {name: v for name, v in call.items() if v is not None}
+        return GenerationConfig.from_kwargs(self.defaults, max_tokens=limit, **{**sampling, **given})
 
     def create_completion(self, prompt: Union[str, List[int]], max_tokens: Optional[int] = 16,
-                          temperature: float = 0.8, top_p: float = 0.95, min_p: float = 0.05,
-                          echo: bool = False, stop: Union[None, str, List[str]] = None, top_k: int = 40,
+                          temperature: Optional[float] = None, top_p: Optional[float] = None,
+                          min_p: Optional[float] = None, echo: bool = False,
+                          stop: Union[None, str, List[str]] = None, top_k: Optional[int] = None,
                           stream: bool = False, seed: Optional[int] = None, **kwargs
                           ) -> Union[dict, Iterator[dict]]:
         """Text after ``prompt``, as ``llama_cpp.Llama.create_completion`` returns it.
+        ``temperature``, ``top_p``, ``min_p``, ``top_k``: None takes the
+        object's setting, else llama-cpp-python's (0.8, 0.95, 0.05, 40).
         specgguf extensions: ``k``, ``p_min``, ``drafter_invariant``."""
         ext = {k: kwargs.pop(k) for k in ("k", "p_min", "drafter_invariant") if k in kwargs}
         check_unsupported(kwargs)
-        config = _settings(max_tokens, self.n_ctx, temperature=temperature, top_p=top_p, min_p=min_p,
-                           top_k=top_k, stop=stop, seed=seed, **ext, **rule_settings(kwargs, chat=False))
+        config = self._settings("completion", max_tokens, dict(
+            temperature=temperature, top_p=top_p, min_p=min_p, top_k=top_k, stop=stop, seed=seed, **ext,
+            **rule_settings(kwargs, chat=False)))
         run = self.run(prompt, config=config)
         prefix = prompt if echo and isinstance(prompt, str) else ""
         shape = Shapes("cmpl", kwargs.get("model") or self.names[0], self.piece)
@@ -123,16 +141,20 @@ class CompletionMethods:
             return shape.text_chunks(run, prefix)
         return shape.text_response(_drain(run), prefix)
 
-    def create_chat_completion(self, messages: List[dict], temperature: float = 0.2, top_p: float = 0.95,
-                               top_k: int = 40, min_p: float = 0.05, stream: bool = False,
+    def create_chat_completion(self, messages: List[dict], temperature: Optional[float] = None,
+                               top_p: Optional[float] = None, top_k: Optional[int] = None,
+                               min_p: Optional[float] = None, stream: bool = False,
                                stop: Union[None, str, List[str]] = None, seed: Optional[int] = None,
                                max_tokens: Optional[int] = None, **kwargs) -> Union[dict, Iterator[dict]]:
         """The assistant's reply to ``messages``, rendered by the GGUF's chat
-        template, as ``llama_cpp.Llama.create_chat_completion`` returns it."""
+        template, as ``llama_cpp.Llama.create_chat_completion`` returns it.
+        ``temperature``, ``top_p``, ``top_k``, ``min_p``: None takes the
+        object's setting, else llama-cpp-python's (0.2, 0.95, 40, 0.05)."""
         ext = {k: kwargs.pop(k) for k in ("k", "p_min", "drafter_invariant") if k in kwargs}
         check_unsupported(kwargs)
-        config = _settings(max_tokens, self.n_ctx, temperature=temperature, top_p=top_p, min_p=min_p,
-                           top_k=top_k, stop=stop, seed=seed, **ext, **rule_settings(kwargs, chat=True))
+        config = self._settings("chat", max_tokens, dict(
+            temperature=temperature, top_p=top_p, min_p=min_p, top_k=top_k, stop=stop, seed=seed, **ext,
+            **rule_settings(kwargs, chat=True)))
         run = self.run(check_messages(messages), chat=True, config=config)
         shape = Shapes("chatcmpl", kwargs.get("model") or self.names[0], self.piece)
         if stream:
