@@ -15,7 +15,11 @@ Both servers get as many slots as the most clients measured (-np N,
 
 Each configuration runs in several fresh processes, taken in turns (A B C D
 A B C D ...), because identical fresh processes differ by up to 20% here: a
-figure from one process is not a measurement. In each process, after one
+figure from one process is not a measurement. With --interleave, a fresh
+process of every configuration runs at once and their loads are taken in
+turns request by request, so every configuration meets the same stretch of
+a machine whose speed drifts within seconds, and each turn gives a paired
+ratio (reported as the median over turns, with its quartiles). In each process, after one
 warm-up request, C concurrent clients (for each C asked for) send chat
 completions of --tokens tokens that set only max_tokens, temperature and a
 per-request seed, as a plain OpenAI client does; the servers apply their own
@@ -31,6 +35,7 @@ whose draft costs about half a target step, so drafting's ceiling is
 
     .venv/bin/python bench/vs_llama_server.py [--procs 3] [--clients 1,2,4,8]
         [--temps 0,0.8] [--tokens 128] [--configs ls,ls-draft,sg,sg-k0]
+        [--interleave --per-client 8]
 """
 
 from __future__ import annotations
@@ -101,12 +106,14 @@ def request(client: httpx.Client, url: str, prompt: str, tokens: int, temp: floa
     return r.json()["usage"]["completion_tokens"], time.perf_counter() - t0
 
 
-def load(client: httpx.Client, url: str, n_clients: int, per_client: int, tokens: int, temp: float, seed: int):
+def load(client: httpx.Client, url: str, n_clients: int, per_client: int, tokens: int, temp: float, seed: int,
+         first: int = 0):
     """(aggregate tok/s, median latency s): n_clients clients, each sending
-    per_client requests one after another, all clients at once."""
+    per_client requests one after another, all clients at once; ``first``:
+    the index of the first request (which prompt and seed it takes)."""
     def one_client(c: int):
         return [request(client, url, PROMPTS[(c + i * n_clients) % len(PROMPTS)], tokens, temp,
-                        seed + 1000 * c + i) for i in range(per_client)]
+                        seed + 1000 * c + i) for i in range(first, first + per_client)]
     t0 = time.perf_counter()
     with cf.ThreadPoolExecutor(n_clients) as pool:
         done = [r for rs in pool.map(one_client, range(n_clients)) for r in rs]
@@ -128,12 +135,77 @@ def one_process(config: str, temp: float, args, target: Path, draft: Path, rep: 
             return {c: load(client, url, c, args.per_client, args.tokens, temp, 100 * rep)
                     for c in args.clients}
         finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop(proc)
             shutil.rmtree(state, ignore_errors=True)
+
+
+def one_sitting(temp: float, args, target: Path, draft: Path, rep: int) -> dict:
+    """{config: {n_clients: [(tok/s, latency) per turn]}}: a fresh process of
+    every configuration at once, their loads taken in turns request by
+    request (A B C D A B C D ...). Identical fresh processes here differ by
+    up to 20% and the machine's speed drifts within seconds: taken in turns,
+    every configuration meets the same stretch of machine, and each turn's
+    ratio between them is paired."""
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    servers, states = {}, []
+    with httpx.Client(timeout=600, limits=limits) as client:
+        try:
+            for config in args.configs:
+                port, state = free_port(), tempfile.mkdtemp(prefix="specgguf-bench-state-")  # a new user's
+                states.append(state)
+                url = f"http://127.0.0.1:{port}"
+                cmd = command(config, port, target, draft, args, max(args.clients))
+                servers[config] = (url, start(cmd, url, dict(os.environ, SPECGGUF_STATE=state), client))
+            for url, _ in servers.values():
+                request(client, url, "Hello!", 16, temp, 7)  # warm-up: first-touch of the weights
+            out = {config: {c: [] for c in args.clients} for config in servers}
+            for turn in range(args.per_client):
+                for c in args.clients:
+                    for config, (url, _) in servers.items():
+                        out[config][c].append(load(client, url, c, 1, args.tokens, temp, 100 * rep, turn))
+            return out
+        finally:
+            for _, proc in servers.values():
+                stop(proc)
+            for state in states:
+                shutil.rmtree(state, ignore_errors=True)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def report_paired(sittings: dict, args) -> None:
+    """The interleaved runs' table: per configuration, tok/s (median over
+    processes of each one's median turn, and the range), the median latency,
+    and the paired ratio to llama-server's best configuration: the median
+    over turns of the two's tok/s in the same turn (its quartiles)."""
+    names = {"ls": "llama-server, no draft", "ls-draft": f"llama-server -md, n-max {args.draft_n_max}",
+             "sg": "specgguf serve (defaults, fresh state)", "sg-k0": "specgguf serve -k 0"}
+    for temp in args.temps:
+        runs = sittings[temp]
+        print(f"\n### temperature {temp:g}: {args.procs} fresh processes each, {args.per_client} turns per "
+              f"process, taken in turns\n")
+        print("| clients | configuration | tok/s median | range over processes | latency median | "
+              "vs llama-server best, paired (quartiles) |")
+        print("|---|---|---|---|---|---|")
+        for c in args.clients:
+            per_proc = {cfg: [statistics.median(t for t, _ in run[cfg][c]) for run in runs] for cfg in args.configs}
+            med = {cfg: statistics.median(v) for cfg, v in per_proc.items()}
+            best = max((cfg for cfg in args.configs if cfg.startswith("ls")), key=med.get, default=None)
+            for cfg in args.configs:
+                lat = statistics.median(l for run in runs for _, l in run[cfg][c])
+                ratio = "-"
+                if best:
+                    r = [a[0] / b[0] for run in runs for a, b in zip(run[cfg][c], run[best][c])]
+                    q = statistics.quantiles(r, n=4) if len(r) > 1 else [r[0]] * 3
+                    ratio = f"{statistics.median(r):.2f}x ({q[0]:.2f}-{q[2]:.2f})"
+                print(f"| {c} | {names[cfg]} | {med[cfg]:.1f} | {min(per_proc[cfg]):.1f}-{max(per_proc[cfg]):.1f} | "
+                      f"{lat:.2f} s | {ratio} |")
 
 
 def report(results: dict, args) -> None:
@@ -206,13 +278,28 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     add_common_args(ap, 128)
     ap.add_argument("--clients", default="1,2,4,8", help="concurrent client counts, comma-separated (1,2,4,8)")
-    ap.add_argument("--per-client", type=int, default=2, help="requests per client per measurement (2)")
+    ap.add_argument("--per-client", type=int, default=2,
+                    help="requests per client per measurement (2); with --interleave, turns per process")
+    ap.add_argument("--interleave", action="store_true",
+                    help="every configuration's fresh process at once, loads taken in turns request by request, "
+                         "ratios paired per turn (for a machine whose speed drifts within seconds)")
     args = ap.parse_args()
     args.clients = sorted({int(c) for c in args.clients.split(",")})
     target, draft = common_setup(ap, args)
     print(f"target {target.name}, draft {draft.name}, {args.threads} threads, {args.tokens}-token chat "
           f"completions, clients {args.clients} x {args.per_client} requests, {args.procs} fresh processes per "
-          f"configuration, taken in turns; loopback", flush=True)
+          f"configuration, {'interleaved' if args.interleave else 'taken in turns'}; loopback", flush=True)
+    if args.interleave:
+        sittings = {temp: [] for temp in args.temps}
+        for rep in range(args.procs):
+            for temp in args.temps:
+                got = one_sitting(temp, args, target, draft, rep)
+                sittings[temp].append(got)
+                print(f"  processes {rep + 1}, T={temp:g}: " + ", ".join(
+                    f"{cfg} {statistics.median(t for t, _ in got[cfg][c]):.1f}" for cfg in got for c in args.clients),
+                    flush=True)
+        report_paired(sittings, args)
+        return
     results = in_turns(args, lambda cfg, temp, rep: one_process(cfg, temp, args, target, draft, rep),
                        lambda got: ", ".join(f"{c} clients {got[c][0]:.1f} tok/s" for c in args.clients))
     report(results, args)
