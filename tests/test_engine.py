@@ -110,8 +110,13 @@ def diverge_at_a_near_tie(one, prompt, alone, got, settings, tie=0.01):
     narrow = race(warp(logits, c.temperature, c.top_k, c.top_p, c.min_p)[0])
     if len(narrow) >= 2 and {t for _, t in narrow[:2]} == {alone[i], got[i]} and narrow[1][0] / narrow[0][0] < 1 + tie:
         return True
+    # A candidate at the edge won in one run and was cut in the other (top-p 0.95
+    # kept a token whose p/p_max was 0.0237 in one forward and not in the next):
+    # the two tokens are the race's winners with the cut drawn a hair either way.
     wide = race(warp(logits, c.temperature, c.top_k and c.top_k + 1, min(1.0, c.top_p + 0.01), c.min_p * 0.98)[0])
-    return got[i] not in {t for _, t in narrow} and wide[0][1] == got[i]  # a candidate at the edge won
+    tight = race(warp(logits, c.temperature, c.top_k and max(1, c.top_k - 1), max(0.0, c.top_p - 0.01),
+                      min(1.0, c.min_p * 1.02))[0])
+    return {alone[i], got[i]} <= {narrow[0][1], wide[0][1], tight[0][1]}
 
 
 @pytest.mark.parametrize("settings", [dict(temperature=0), dict(temperature=0.8, seed=11)],
