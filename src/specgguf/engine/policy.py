@@ -21,7 +21,9 @@ E(K) / S(K), judged by what rounds delivered, not by modelled parts:
   (counts discounted every round, so drift is followed); one plain round in
   ``BASELINE_EVERY`` re-times plain decoding; from plain decoding, a probe
   only when the optimistic acceptance says the draft could pay and the
-  tokens left would repay the draft's catch-up.
+  tokens left would repay the draft's catch-up; while drafting, K = k_max
+  once and K = 1 once, so that no K is priced for good off a line drawn
+  through close K (:meth:`DraftPolicy._unspanned`).
 * The guard: when the last few drafting rounds delivered under ``GUARD`` of
   plain decoding's rate, drafting stops and the acceptance counts are
   mostly forgotten.
