@@ -25,16 +25,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
 import httpx
-from common import free_port  # bench/common.py
-from vs_llama_server import add_common_args, command, common_setup, in_turns, start
+from vs_llama_server import add_common_args, common_setup, fresh_server, in_turns
 
 SCHEMA = {
     "type": "object",
@@ -80,22 +76,9 @@ def request(client: httpx.Client, url: str, prompt: str, tokens: int, temp: floa
 
 def one_process(config: str, temp: float, args, target: Path, draft: Path, rep: int) -> tuple:
     """(tok/s, valid share) over every prompt, from one fresh server process."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    state = tempfile.mkdtemp(prefix="specgguf-bench-state-")
-    env = dict(os.environ, SPECGGUF_STATE=state)
-    with httpx.Client(timeout=600) as client:
-        proc = start(command(config, port, target, draft, args, 1), url, env, client)
-        try:
-            request(client, url, "Make up a person.", 24, temp, 7)  # warm-up
-            done = [request(client, url, p, args.tokens, temp, 100 * rep + i) for i, p in enumerate(PROMPTS)]
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except Exception:
-                proc.kill()
-            shutil.rmtree(state, ignore_errors=True)
+    with httpx.Client(timeout=600) as client, fresh_server(config, args, target, draft, client, 1) as url:
+        request(client, url, "Make up a person.", 24, temp, 7)  # warm-up
+        done = [request(client, url, p, args.tokens, temp, 100 * rep + i) for i, p in enumerate(PROMPTS)]
     return sum(n for n, _, _ in done) / sum(s for _, s, _ in done), sum(v for _, _, v in done) / len(done)
 
 

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import contextlib
 import os
 import shutil
 import statistics
@@ -121,22 +122,34 @@ def load(client: httpx.Client, url: str, n_clients: int, per_client: int, tokens
     return sum(n for n, _ in done) / wall, statistics.median(s for _, s in done)
 
 
-def one_process(config: str, temp: float, args, target: Path, draft: Path, rep: int) -> dict:
-    """{n_clients: (tok/s, latency)} from one fresh server process."""
+@contextlib.contextmanager
+def fresh_server(config: str, args, target: Path, draft: Path, client: httpx.Client, n_slots: int):
+    """A fresh server process of ``config`` on loopback with an empty state
+    folder (a new user's); yields its URL; on exit, stops it and removes the folder."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    state = tempfile.mkdtemp(prefix="specgguf-bench-state-")  # a new user's state: empty
-    env = dict(os.environ, SPECGGUF_STATE=state)
-    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
-    with httpx.Client(timeout=600, limits=limits) as client:
-        proc = start(command(config, port, target, draft, args, max(args.clients)), url, env, client)
+    state = tempfile.mkdtemp(prefix="specgguf-bench-state-")
+    try:
+        proc = start(command(config, port, target, draft, args, n_slots), url,
+                     dict(os.environ, SPECGGUF_STATE=state), client)
         try:
-            request(client, url, "Hello!", 16, temp, 7)  # warm-up: first-touch of the weights
-            return {c: load(client, url, c, args.per_client, args.tokens, temp, 100 * rep)
-                    for c in args.clients}
+            yield url
         finally:
             stop(proc)
-            shutil.rmtree(state, ignore_errors=True)
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def bench_client() -> httpx.Client:
+    """An HTTP client with room for every concurrent client of a load."""
+    return httpx.Client(timeout=600, limits=httpx.Limits(max_connections=64, max_keepalive_connections=64))
+
+
+def one_process(config: str, temp: float, args, target: Path, draft: Path, rep: int) -> dict:
+    """{n_clients: (tok/s, latency)} from one fresh server process."""
+    with bench_client() as client, fresh_server(config, args, target, draft, client, max(args.clients)) as url:
+        request(client, url, "Hello!", 16, temp, 7)  # warm-up: first-touch of the weights
+        return {c: load(client, url, c, args.per_client, args.tokens, temp, 100 * rep) for c in args.clients}
 
 
 def one_sitting(temp: float, args, target: Path, draft: Path, rep: int) -> dict:
@@ -146,29 +159,17 @@ def one_sitting(temp: float, args, target: Path, draft: Path, rep: int) -> dict:
     up to 20% and the machine's speed drifts within seconds: taken in turns,
     every configuration meets the same stretch of machine, and each turn's
     ratio between them is paired."""
-    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
-    servers, states = {}, []
-    with httpx.Client(timeout=600, limits=limits) as client:
-        try:
-            for config in args.configs:
-                port, state = free_port(), tempfile.mkdtemp(prefix="specgguf-bench-state-")  # a new user's
-                states.append(state)
-                url = f"http://127.0.0.1:{port}"
-                cmd = command(config, port, target, draft, args, max(args.clients))
-                servers[config] = (url, start(cmd, url, dict(os.environ, SPECGGUF_STATE=state), client))
-            for url, _ in servers.values():
-                request(client, url, "Hello!", 16, temp, 7)  # warm-up: first-touch of the weights
-            out = {config: {c: [] for c in args.clients} for config in servers}
-            for turn in range(args.per_client):
-                for c in args.clients:
-                    for config, (url, _) in servers.items():
-                        out[config][c].append(load(client, url, c, 1, args.tokens, temp, 100 * rep, turn))
-            return out
-        finally:
-            for _, proc in servers.values():
-                stop(proc)
-            for state in states:
-                shutil.rmtree(state, ignore_errors=True)
+    with bench_client() as client, contextlib.ExitStack() as servers:
+        urls = {config: servers.enter_context(fresh_server(config, args, target, draft, client, max(args.clients)))
+                for config in args.configs}
+        for url in urls.values():
+            request(client, url, "Hello!", 16, temp, 7)  # warm-up: first-touch of the weights
+        out = {config: {c: [] for c in args.clients} for config in urls}
+        for turn in range(args.per_client):
+            for c in args.clients:
+                for config, url in urls.items():
+                    out[config][c].append(load(client, url, c, 1, args.tokens, temp, 100 * rep, turn))
+        return out
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -179,13 +180,18 @@ def stop(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
+def config_names(args) -> dict:
+    """Each configuration's name in the tables."""
+    return {"ls": "llama-server, no draft", "ls-draft": f"llama-server -md, n-max {args.draft_n_max}",
+            "sg": "specgguf serve (defaults, fresh state)", "sg-k0": "specgguf serve -k 0"}
+
+
 def report_paired(sittings: dict, args) -> None:
     """The interleaved runs' table: per configuration, tok/s (median over
     processes of each one's median turn, and the range), the median latency,
     and the paired ratio to llama-server's best configuration: the median
     over turns of the two's tok/s in the same turn (its quartiles)."""
-    names = {"ls": "llama-server, no draft", "ls-draft": f"llama-server -md, n-max {args.draft_n_max}",
-             "sg": "specgguf serve (defaults, fresh state)", "sg-k0": "specgguf serve -k 0"}
+    names = config_names(args)
     for temp in args.temps:
         runs = sittings[temp]
         print(f"\n### temperature {temp:g}: {args.procs} fresh processes each, {args.per_client} turns per "
@@ -209,8 +215,7 @@ def report_paired(sittings: dict, args) -> None:
 
 
 def report(results: dict, args) -> None:
-    names = {"ls": "llama-server, no draft", "ls-draft": f"llama-server -md, n-max {args.draft_n_max}",
-             "sg": "specgguf serve (defaults, fresh state)", "sg-k0": "specgguf serve -k 0"}
+    names = config_names(args)
     for temp in args.temps:
         print(f"\n### temperature {temp:g}: aggregate tok/s over {args.procs} fresh processes each\n")
         print("| clients | configuration | tok/s median | range | latency median | vs llama-server best |")
