@@ -496,7 +496,8 @@ def test_create_methods_take_the_objects_sampling_settings_then_llama_cpp_python
     llama-cpp-python's default; a call's own argument wins over both."""
     cfg = specgguf.GenerationConfig(temperature=0.0, top_k=7)
     llm = specgguf.SpeculativeLlama(target, draft, config=cfg, k=0, seed=3)
-    assert llm.chosen["temperature"] == 0.0 and llm.chosen["k"] == 0  # a whole config counts as given
+    assert {"temperature", "k"} <= llm.chosen  # a whole config counts as given
+    assert llm.defaults.temperature == 0.0 and llm.defaults.k == 0
     chat = llm._settings("chat", None, {"top_p": None})
     assert (chat.temperature, chat.top_k, chat.seed, chat.k) == (0.0, 7, 3, 0)
     assert (chat.top_p, chat.min_p) == (cfg.top_p, cfg.min_p)

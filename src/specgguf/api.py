@@ -106,10 +106,9 @@ class SpeculativeLlama(CompletionMethods):
             raise TypeError(f"SpeculativeLlama got unknown argument(s) {', '.join(unknown)}; load options: "
                             f"{', '.join(sorted(_LOAD_OPTIONS))}; generation settings: {', '.join(sorted(_SETTINGS))}")
         self.defaults = GenerationConfig.from_kwargs(config, **settings)
-        # What the user set (a whole config counts as set), as create_*'s
-        # defaults: those would otherwise take llama-cpp-python's.
-        given = {} if config is None else {f.name: getattr(config, f.name) for f in fields(config)}
-        self.chosen = {**given, **settings}
+        # The settings the user set (a whole config counts as set): create_*
+        # take these from self.defaults, the rest of its sampling from llama-cpp-python's.
+        self.chosen = frozenset(_SETTINGS if config is not None else settings)
         self.pair = ModelPair(target, draft, **kwargs)
         self.names = self.pair.names
         self.learning = Learning(self.pair.state, self.pair.draft_model is None)

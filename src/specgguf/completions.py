@@ -7,10 +7,11 @@ changing only the constructor. Settings given to the object
 (``SpeculativeLlama(t, d, k=0, temperature=0)``) are its calls' defaults:
 a sampling argument a call leaves out takes the object's setting if it has
 one, else llama-cpp-python's default; ``max_tokens`` keeps
-llama-cpp-python's meaning (16 for a completion, None: up to the context). Speculation stats ride along under one extra
-key, ``"speculation"`` (in the response, or the last chunk of a stream; each
-text chunk's holds the provenance of its tokens, ``sources``), and under
-llama-server's ``"timings"`` (``draft_n``, ``draft_n_accepted``).
+llama-cpp-python's meaning (16 for a completion, None: up to the context).
+Speculation stats ride along under one extra key, ``"speculation"`` (in
+the response, or the last chunk of a stream; each text chunk's holds the
+provenance of its tokens, ``sources``), and under llama-server's
+``"timings"`` (``draft_n``, ``draft_n_accepted``).
 
 Penalties, ``logit_bias``, ``grammar``, JSON ``response_format`` and
 ``logprobs`` work as in llama-cpp-python, applied to every verified row
@@ -107,7 +108,8 @@ LLAMA_SAMPLING = {"completion": {"temperature": 0.8, "top_p": 0.95, "min_p": 0.0
 class CompletionMethods:
     """The Llama-shaped methods; the host class provides ``run``, ``n_ctx``,
     ``names``, ``piece`` (a token's bytes), ``defaults`` (a
-    :class:`GenerationConfig`) and ``chosen`` (the settings it was given)."""
+    :class:`GenerationConfig`) and ``chosen`` (the names of the settings it
+    was given)."""
 
     def _settings(self, kind: str, max_tokens: Optional[int], call: Dict[str, Any]) -> GenerationConfig:
         """One call's config: the call's arguments (None: not given) over the
@@ -115,7 +117,8 @@ class CompletionMethods:
         object's defaults for the rest (k, p_min, drafter_invariant, ...)."""
         # llama-cpp-python: max_tokens None or <= 0 means "up to the context window".
         limit = self.n_ctx if max_tokens is None or max_tokens <= 0 else max_tokens
-        sampling = {name: self.chosen.get(name, v) for name, v in LLAMA_SAMPLING[kind].items()}
+        sampling = {name: getattr(self.defaults, name) if name in self.chosen else v
+                    for name, v in LLAMA_SAMPLING[kind].items()}
         given = {name: v for name, v in call.items() if v is not None}
         return GenerationConfig.from_kwargs(self.defaults, max_tokens=limit, **{**sampling, **given})
 
