@@ -18,7 +18,14 @@ One client, greedy and T=0.8 (seeded). Reported: completion tokens/s
 every required key, the ratio to specgguf -k 0 (plain decoding, same code
 path) and to llama-server's best configuration, from the same sitting.
 
-    .venv/bin/python bench/json_schema.py [--procs 3] [--temps 0,0.8] [--tokens 160]
+With --interleave (the trustworthy way on a machine whose speed drifts
+within seconds), a fresh process of every configuration runs at once and
+each prompt goes to all of them in turn; tok/s is then per request (median
+over a process's requests, then over processes) and the ratios are paired:
+the median over requests of the two configurations' tok/s on the same
+prompt and seed, with quartiles.
+
+    .venv/bin/python bench/json_schema.py [--procs 3] [--temps 0,0.8] [--tokens 160] [--interleave]
 """
 
 from __future__ import annotations
@@ -30,7 +37,8 @@ import time
 from pathlib import Path
 
 import httpx
-from vs_llama_server import add_common_args, common_setup, fresh_server, in_turns
+from vs_llama_server import (add_common_args, bench_client, common_setup, config_names, fresh_server,
+                             in_turns, report_paired, servers_at_once)
 
 SCHEMA = {
     "type": "object",
@@ -82,19 +90,55 @@ def one_process(config: str, temp: float, args, target: Path, draft: Path, rep: 
     return sum(n for n, _, _ in done) / sum(s for _, s, _ in done), sum(v for _, _, v in done) / len(done)
 
 
+def one_sitting(temp: float, args, target: Path, draft: Path, rep: int) -> dict:
+    """{config: {"1 client": [(tok/s, seconds, valid) per prompt]}}: a fresh
+    process of every configuration at once, each prompt sent to all of them
+    in turn (A B C D A B C D ...), so their ratios are paired per prompt."""
+    with bench_client() as client, servers_at_once(args, target, draft, client, 1, temp) as urls:
+        for url in urls.values():
+            request(client, url, "Make up a person.", 24, temp, 7)  # warm-up of the grammar path
+        out = {config: {"1 client": []} for config in urls}
+        for i, prompt in enumerate(PROMPTS):
+            for config, url in urls.items():
+                n, seconds, valid = request(client, url, prompt, args.tokens, temp, 100 * rep + i)
+                out[config]["1 client"].append((n / seconds, seconds, valid))
+    return out
+
+
+def main_interleaved(args, target: Path, draft: Path) -> None:
+    sittings = {temp: [] for temp in args.temps}
+    for rep in range(args.procs):
+        for temp in args.temps:
+            got = one_sitting(temp, args, target, draft, rep)
+            sittings[temp].append(got)
+            print(f"  processes {rep + 1}, T={temp:g}: " + ", ".join(
+                f"{cfg} {statistics.median(t[0] for t in got[cfg]['1 client']):.1f}" for cfg in got), flush=True)
+    report_paired(sittings, args, ["1 client"], "load")
+    names = config_names(args)
+    for temp in args.temps:
+        print(f"\nvalid JSON with every required key, T={temp:g}: " + ", ".join(
+            f"{names[cfg]} {statistics.mean(t[2] for run in sittings[temp] for t in run[cfg]['1 client']):.0%}"
+            for cfg in args.configs))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     add_common_args(ap, 160)
+    ap.add_argument("--interleave", action="store_true",
+                    help="every configuration's fresh process at once, each prompt sent to all in turn, ratios "
+                         "paired per prompt (for a machine whose speed drifts within seconds)")
     args = ap.parse_args()
     target, draft = common_setup(ap, args)
     print(f"target {target.name}, draft {draft.name}, {args.threads} threads, json_schema chat completions of up "
           f"to {args.tokens} tokens, {len(PROMPTS)} prompts, 1 client, {args.procs} fresh processes per "
-          "configuration, taken in turns; loopback", flush=True)
+          f"configuration, {'interleaved' if args.interleave else 'taken in turns'}; loopback", flush=True)
+    if args.interleave:
+        main_interleaved(args, target, draft)
+        return
     results = in_turns(args, lambda cfg, temp, rep: one_process(cfg, temp, args, target, draft, rep),
                        lambda got: f"{got[0]:.1f} tok/s, valid {got[1]:.0%}")
-    names = {"ls": "llama-server, no draft", "ls-draft": f"llama-server -md, n-max {args.draft_n_max}",
-             "sg": "specgguf serve (defaults, fresh state)", "sg-k0": "specgguf serve -k 0 (plain)"}
+    names = config_names(args)
     for temp in args.temps:
         print(f"\n### json_schema, temperature {temp:g}: tok/s over {args.procs} fresh processes each\n")
         print("| configuration | tok/s median | range | valid | vs specgguf -k 0 | vs llama-server best |")

@@ -140,6 +140,18 @@ def fresh_server(config: str, args, target: Path, draft: Path, client: httpx.Cli
         shutil.rmtree(state, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def servers_at_once(args, target: Path, draft: Path, client: httpx.Client, n_slots: int, temp: float):
+    """A fresh server process of every configuration in ``args.configs`` at
+    once, each warmed up by one request; yields {config: url}."""
+    with contextlib.ExitStack() as servers:
+        urls = {config: servers.enter_context(fresh_server(config, args, target, draft, client, n_slots))
+                for config in args.configs}
+        for url in urls.values():
+            request(client, url, "Hello!", 16, temp, 7)  # warm-up: first-touch of the weights
+        yield urls
+
+
 def bench_client() -> httpx.Client:
     """An HTTP client with room for every concurrent client of a load."""
     return httpx.Client(timeout=600, limits=httpx.Limits(max_connections=64, max_keepalive_connections=64))
@@ -159,11 +171,7 @@ def one_sitting(temp: float, args, target: Path, draft: Path, rep: int) -> dict:
     up to 20% and the machine's speed drifts within seconds: taken in turns,
     every configuration meets the same stretch of machine, and each turn's
     ratio between them is paired."""
-    with bench_client() as client, contextlib.ExitStack() as servers:
-        urls = {config: servers.enter_context(fresh_server(config, args, target, draft, client, max(args.clients)))
-                for config in args.configs}
-        for url in urls.values():
-            request(client, url, "Hello!", 16, temp, 7)  # warm-up: first-touch of the weights
+    with bench_client() as client, servers_at_once(args, target, draft, client, max(args.clients), temp) as urls:
         out = {config: {c: [] for c in args.clients} for config in urls}
         for turn in range(args.per_client):
             for c in args.clients:
@@ -186,32 +194,40 @@ def config_names(args) -> dict:
             "sg": "specgguf serve (defaults, fresh state)", "sg-k0": "specgguf serve -k 0"}
 
 
-def report_paired(sittings: dict, args) -> None:
-    """The interleaved runs' table: per configuration, tok/s (median over
-    processes of each one's median turn, and the range), the median latency,
-    and the paired ratio to llama-server's best configuration: the median
-    over turns of the two's tok/s in the same turn (its quartiles)."""
+def paired(runs: list, cfg: str, base: str, key) -> str:
+    """The median over turns of cfg's tok/s over base's in the same turn,
+    with its quartiles; ``runs``: one {config: {key: [(tok/s, ...) per turn]}}
+    per sitting."""
+    r = [a[0] / b[0] for run in runs for a, b in zip(run[cfg][key], run[base][key])]
+    q = statistics.quantiles(r, n=4) if len(r) > 1 else [r[0]] * 3
+    return f"{statistics.median(r):.2f}x ({q[0]:.2f}-{q[2]:.2f})"
+
+
+def report_paired(sittings: dict, args, keys: list, key_name: str = "clients") -> None:
+    """The interleaved runs' table: per configuration and key (client
+    count), tok/s (median over processes of each one's median turn, and the
+    range), the median latency, and paired ratios (median over turns of the
+    two's tok/s in the same turn, with quartiles) to llama-server's best
+    configuration and, when it ran, to specgguf -k 0 (plain decoding through
+    the same code)."""
     names = config_names(args)
+    plain = "sg-k0" if "sg-k0" in args.configs else None
     for temp in args.temps:
         runs = sittings[temp]
-        print(f"\n### temperature {temp:g}: {args.procs} fresh processes each, {args.per_client} turns per "
-              f"process, taken in turns\n")
-        print("| clients | configuration | tok/s median | range over processes | latency median | "
-              "vs llama-server best, paired (quartiles) |")
-        print("|---|---|---|---|---|---|")
-        for c in args.clients:
-            per_proc = {cfg: [statistics.median(t for t, _ in run[cfg][c]) for run in runs] for cfg in args.configs}
+        print(f"\n### temperature {temp:g}: {args.procs} fresh processes each, {len(runs[0][args.configs[0]][keys[0]])} "
+              "turns per process, taken in turns\n")
+        print(f"| {key_name} | configuration | tok/s median | range over processes | latency median | "
+              "vs llama-server best, paired (quartiles) | vs specgguf -k 0, paired |")
+        print("|---|---|---|---|---|---|---|")
+        for c in keys:
+            per_proc = {cfg: [statistics.median(t[0] for t in run[cfg][c]) for run in runs] for cfg in args.configs}
             med = {cfg: statistics.median(v) for cfg, v in per_proc.items()}
             best = max((cfg for cfg in args.configs if cfg.startswith("ls")), key=med.get, default=None)
             for cfg in args.configs:
-                lat = statistics.median(l for run in runs for _, l in run[cfg][c])
-                ratio = "-"
-                if best:
-                    r = [a[0] / b[0] for run in runs for a, b in zip(run[cfg][c], run[best][c])]
-                    q = statistics.quantiles(r, n=4) if len(r) > 1 else [r[0]] * 3
-                    ratio = f"{statistics.median(r):.2f}x ({q[0]:.2f}-{q[2]:.2f})"
+                lat = statistics.median(t[1] for run in runs for t in run[cfg][c])
                 print(f"| {c} | {names[cfg]} | {med[cfg]:.1f} | {min(per_proc[cfg]):.1f}-{max(per_proc[cfg]):.1f} | "
-                      f"{lat:.2f} s | {ratio} |")
+                      f"{lat:.2f} s | {paired(runs, cfg, best, c) if best else '-'} | "
+                      f"{paired(runs, cfg, plain, c) if plain else '-'} |")
 
 
 def report(results: dict, args) -> None:
@@ -303,7 +319,7 @@ def main() -> None:
                 print(f"  processes {rep + 1}, T={temp:g}: " + ", ".join(
                     f"{cfg} {statistics.median(t for t, _ in got[cfg][c]):.1f}" for cfg in got for c in args.clients),
                     flush=True)
-        report_paired(sittings, args)
+        report_paired(sittings, args, args.clients)
         return
     results = in_turns(args, lambda cfg, temp, rep: one_process(cfg, temp, args, target, draft, rep),
                        lambda got: ", ".join(f"{c} clients {got[c][0]:.1f} tok/s" for c in args.clients))
