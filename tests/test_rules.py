@@ -275,6 +275,36 @@ def test_grammar_law(vocab_llm, rule, top_k):
         assert dec.sampler.race_grammar
 
 
+@pytest.mark.parametrize("gbnf", ['root ::= [0-9]+', 'root ::= [a-z]+', 'root ::= "{" [a-z ]* "}"'])
+def test_race_under_a_grammar_names_the_first_allowed_token_in_race_order(vocab_llm, gbnf):
+    """race_mask's winner, found by checking race winners and then a bounded
+    slice of the race order, is the brute-force one: the smallest key
+    -log(U)/p over every token the grammar allows (checked one by one over
+    the whole vocabulary), on flat and peaked rows over the real vocabulary."""
+    from specgguf.ops.verify import race_uniforms
+    n = vocab_llm.n_vocab()
+    grammar = Grammar(vocab_llm._model.vocab, n, gbnf)
+    rules = LogitRules(grammar=grammar)
+    state = grammar.state([])
+    ids = np.arange(n)
+    allowed = grammar._check(state, ids, np.zeros(n, np.float32))
+    rng = np.random.default_rng(3)
+    misses = 0
+    for case in range(60):
+        logits = rng.normal(0.0, (0.5, 3.0, 8.0)[case % 3], n)
+        p = np.exp(logits - logits.max()).astype(np.float32)
+        p /= p.sum()
+        seed = 7000 + case
+        keys = -np.log(race_uniforms(seed, 0, ids)) / p.astype(np.float64)
+        want = int(ids[allowed][np.argmin(keys[allowed])])
+        row = p.copy()[None, :]
+        got = rules.race_mask(row, [0], 1, seed)[0]
+        assert got == want, (case, got, want)
+        misses += not allowed[int(np.argmin(keys))]
+    assert misses > 10  # the race's own winner was forbidden often: the slow path ran
+    grammar.close()
+
+
 def test_grammar_invariant_seeds_equal_plain(vocab_llm):
     for seed in range(15):
         spec = grammar_setup(vocab_llm, "invariant", seed)[3].generate([0], max_new=4)
