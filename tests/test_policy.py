@@ -421,3 +421,34 @@ def test_an_untimed_k_never_costs_nothing():
     arms.observe(3, 0.450)
     assert all(arms.time(k) >= arms.time(0) > 0 for k in range(9))
     assert arms.time(1) <= arms.time(2) < arms.time(3)
+
+
+def test_drafting_priced_in_a_slow_phase_is_tried_again():
+    """The draft's forwards slow for a while and the target's do not (this
+    machine's phases): drafting is priced as losing and stops. Once the
+    phase is over, after REEXPLORE plain rounds a retry probes and times
+    K = k_max with the old prices aged, and drafting resumes; with retries
+    off it stays plain for good, which is what the retry is for."""
+    fast = [0.015 + 0.0075 * k for k in range(9)]  # K=8 at 0.95: about 1.5x plain
+    slow = [fast[0]] + [3 * t for t in fast[1:]]
+
+    def run(retries: bool):
+        policy = DraftPolicy(8, online_costs=True)
+        if not retries:
+            policy.REEXPLORE = policy.reexplore = 10 ** 9
+        rng = np.random.default_rng(1)
+        phase = play(policy, 0.95, 80, rng, slow)
+        return phase, play(policy, 0.95, 300, rng, fast)
+
+    phase, after = run(True)
+    assert sum(k > 0 for k in phase[10:]) <= 4  # priced as losing: stopped (one retry, K=3 then 8)
+    assert sum(k > 0 for k in after[-200:]) > 150  # tried again, and drafting again
+    assert sum(k > 0 for k in run(False)[1]) == 0
+
+
+def test_a_poor_draft_is_retried_rarely():
+    """Retries ask the estimated acceptance, not the optimistic one: a draft
+    known to be poor is not retried every REEXPLORE rounds."""
+    policy = DraftPolicy(8, online_costs=True)
+    ks = play(policy, 0.3, 1200, np.random.default_rng(2), [0.015 + 0.0075 * k for k in range(9)])
+    assert sum(k > 0 for k in ks[200:]) <= 12

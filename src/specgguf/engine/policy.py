@@ -113,6 +113,7 @@ class Arms:
         # drafted through a spell looked slow against a stale plain time, and
         # the policy stopped drafting for the spell (simulator: 0.89 of the best K).
         self.speed = 1.0
+        self.repricing: set = set()  # K aged by age(): their next timing moves their price, not the speed
         self._fit: Optional[tuple] = None  # (_fit_line(),), kept until a round is timed
 
     def observe(self, k: int, seconds: Optional[float]) -> None:
@@ -120,8 +121,9 @@ class Arms:
         self.recent = [r * self.RECENCY for r in self.recent]
         self.recent[k] += 1.0
         if seconds is not None and seconds > 0:
-            if self.timed[k]:
+            if self.timed[k] and k not in self.repricing:
                 self.speed *= (seconds / self.time(k)) ** self.FOLLOW
+            self.repricing.discard(k)
             self.seconds[k] = self.seconds[k] * self.MEMORY + seconds / self.speed
             self.timed[k] = self.timed[k] * self.MEMORY + 1.0
             self._fit = None
@@ -187,6 +189,22 @@ class Arms:
             return lag * prior
         seen = max(1.0, self.catchup_lag)
         return min(lag, seen) * self.catchup + max(0.0, lag - seen) * min(self.catchup, prior)
+
+    def age(self, f: float) -> None:
+        """Scale the drafting K's timed rounds by ``f``: prices measured before
+        a long plain stretch count for less than the next ones, and the next
+        timing of each moves its own price, not the speed every K shares (a
+        K=8 round faster than its old price was read as the whole machine
+        speeding up, and the price stayed)."""
+        for k in range(1, len(self.timed)):
+            self.seconds[k] *= f
+            self.timed[k] *= f
+        self.repricing = set(range(1, len(self.timed)))
+        self._fit = None
+
+    def prior_time(self, k: int) -> float:
+        """S(k) at the cheapest prior's shape, anchored at plain decoding's time."""
+        return self.time(0) * self._prior(k, 0)
 
     def bonus(self, k: int) -> float:
         """The upper-confidence term for K = k, relative to its rate."""
@@ -285,6 +303,9 @@ class DraftPolicy:
     HORIZON = 100         # tokens left when the caller cannot say (DraftModel): without one, each
                           # probe at T=0.8 caught up on a whole previous answer, 0.85x plain
     PROBE_ODDS = 0.2      # the chance a probe finds the optimistic acceptance: its catch-up is weighed against it
+    REEXPLORE = 64        # plain rounds in a row before drafting is priced again (see retry); doubles per try
+    REEXPLORE_MAX = 1024  #   that finds drafting still losing, back to REEXPLORE once it drafts on its merits
+    AGE = 0.1             # what a retry keeps of the drafting K's earlier round times
 
     def __init__(self, k_max: int = 8, costs: Optional[CostModel] = None, *, online_costs: bool = False,
                  decay: Optional[float] = None, p_min=None, prior: Optional[float] = None,
@@ -301,6 +322,9 @@ class DraftPolicy:
         self.lag = 0           # the lag the last choice was made at
         self.after_miss = False  # the last round ended in a rejection (see acceptance.Counts)
         self.delivered = Delivered()  # what recent timed drafting rounds delivered: the guard reads it
+        self.plain_run = 0     # plain rounds in a row
+        self.reexplore = self.REEXPLORE  # plain_run that triggers a retry (see retry)
+        self.retrying = False  # a retry's probe ran: the next round with no catch-up times K = k_max
 
     def rates(self, acc: Optional[Sequence[float]] = None) -> List[float]:
         """Expected tokens per second (or per unit) for K = 0..k_max."""
@@ -335,9 +359,14 @@ class DraftPolicy:
         if (explore if self.drafting else r)[k] <= margin * r[0] or not self.repays(k, remaining, lag, explore):
             k = 0
         self.drafting = k > 0
+        if self.retrying and lag <= 2 and (remaining is None or remaining > self.k_max):
+            self.retrying, self.drafting = False, True
+            return self.k_max  # a retry's timed round: the price of long K as it is now
+        if k > 0:
+            self.reexplore = self.REEXPLORE  # drafting on its merits
         if k == 0:
             self.acceptance.idle()
-            k = self.probe(remaining, lag)
+            k = self.probe(remaining, lag) or self.retry(remaining, lag)
         elif self.online and self.retime and self.since_plain >= (self.BASELINE_EVERY if self.arms.timed[0] else 2):
             k = 0  # re-time plain decoding; early if never timed (the first round also read the prompt)
         elif self._losing():
@@ -383,6 +412,30 @@ class DraftPolicy:
             return min(self.PROBE_K, self.k_max)
         return 0
 
+    def retry(self, remaining: Optional[int] = None, lag: int = 0) -> int:
+        """PROBE_K after ``reexplore`` plain rounds in a row, if drafting would
+        win at the estimated acceptance and the prior's prices (anchored at
+        plain decoding's time now) by PROBE_MARGIN, and the catch-up repays
+        (the acceptance is known: the price is in doubt); the next round
+        with no catch-up then times K = k_max
+        (AGE: its earlier prices count for a tenth). Round times are
+        relative to a speed all K share, but this machine has phases in
+        which the draft's forwards slow and the target's do not: drafting
+        priced in one stopped for good (simulator: 0.94 of the best K), as
+        nothing drafts to re-price it. Each try that finds drafting still
+        losing doubles the wait, so a poor draft's cost stays bounded."""
+        if not (self.online and self.plain_run >= self.reexplore):
+            return 0
+        e = expected_tokens(self.k_max, self.acceptance.per_position(self.after_miss))
+        r = [e[k] / self.arms.prior_time(k) for k in range(self.k_max + 1)]
+        best = max(range(1, self.k_max + 1), key=lambda k: r[k])
+        if r[best] <= self.PROBE_MARGIN * r[0] or not self.repays(best, remaining, lag, r):
+            return 0
+        self.reexplore = min(2 * self.reexplore, self.REEXPLORE_MAX)
+        self.arms.age(self.AGE)
+        self.retrying = True
+        return min(self.PROBE_K, self.k_max)
+
     def explain(self) -> str:
         """One line on what the policy would draft now and what that rests
         on: each K's predicted speed against plain decoding, the draft's
@@ -421,3 +474,4 @@ class DraftPolicy:
         if drafted and timed:
             self.delivered.add(accepted + 1, timed)
         self.since_plain = 0 if drafted == 0 else self.since_plain + 1
+        self.plain_run = self.plain_run + 1 if drafted == 0 else 0
