@@ -38,7 +38,7 @@ from pathlib import Path
 
 import httpx
 from vs_llama_server import (add_common_args, bench_client, common_setup, config_names, fresh_server,
-                             in_turns, report_paired, servers_at_once)
+                             in_turns, report_paired, run_sittings, servers_at_once)
 
 SCHEMA = {
     "type": "object",
@@ -106,13 +106,7 @@ def one_sitting(temp: float, args, target: Path, draft: Path, rep: int) -> dict:
 
 
 def main_interleaved(args, target: Path, draft: Path) -> None:
-    sittings = {temp: [] for temp in args.temps}
-    for rep in range(args.procs):
-        for temp in args.temps:
-            got = one_sitting(temp, args, target, draft, rep)
-            sittings[temp].append(got)
-            print(f"  processes {rep + 1}, T={temp:g}: " + ", ".join(
-                f"{cfg} {statistics.median(t[0] for t in got[cfg]['1 client']):.1f}" for cfg in got), flush=True)
+    sittings = run_sittings(args, lambda temp, rep: one_sitting(temp, args, target, draft, rep), ["1 client"])
     report_paired(sittings, args, ["1 client"], "load")
     names = config_names(args)
     for temp in args.temps:

@@ -280,6 +280,20 @@ def common_setup(ap: argparse.ArgumentParser, args) -> tuple:
     return target, draft
 
 
+def run_sittings(args, sitting, keys: list) -> dict:
+    """``{temperature: [sitting(temp, rep) per process]}``: ``args.procs``
+    interleaved sittings per temperature, each printed as it comes (every
+    configuration's median tok/s per key)."""
+    sittings: dict = {temp: [] for temp in args.temps}
+    for rep in range(args.procs):
+        for temp in args.temps:
+            got = sitting(temp, rep)
+            sittings[temp].append(got)
+            print(f"  processes {rep + 1}, T={temp:g}: " + ", ".join(
+                f"{cfg} {statistics.median(t[0] for t in got[cfg][c]):.1f}" for cfg in got for c in keys), flush=True)
+    return sittings
+
+
 def in_turns(args, run, show) -> dict:
     """``{(configuration, temperature): [run(cfg, temp, rep) per process]}``,
     the configurations taken in turns (A B C D A B C D ...), each result
@@ -311,14 +325,7 @@ def main() -> None:
           f"completions, clients {args.clients} x {args.per_client} requests, {args.procs} fresh processes per "
           f"configuration, {'interleaved' if args.interleave else 'taken in turns'}; loopback", flush=True)
     if args.interleave:
-        sittings = {temp: [] for temp in args.temps}
-        for rep in range(args.procs):
-            for temp in args.temps:
-                got = one_sitting(temp, args, target, draft, rep)
-                sittings[temp].append(got)
-                print(f"  processes {rep + 1}, T={temp:g}: " + ", ".join(
-                    f"{cfg} {statistics.median(t for t, _ in got[cfg][c]):.1f}" for cfg in got for c in args.clients),
-                    flush=True)
+        sittings = run_sittings(args, lambda temp, rep: one_sitting(temp, args, target, draft, rep), args.clients)
         report_paired(sittings, args, args.clients)
         return
     results = in_turns(args, lambda cfg, temp, rep: one_process(cfg, temp, args, target, draft, rep),
