@@ -414,16 +414,18 @@ class DraftPolicy:
 
     def retry(self, remaining: Optional[int] = None, lag: int = 0) -> int:
         """PROBE_K after ``reexplore`` plain rounds in a row, if drafting would
-        win at the estimated acceptance and the prior's prices (anchored at
-        plain decoding's time now) by PROBE_MARGIN, and the catch-up repays
-        (the acceptance is known: the price is in doubt); the next round
-        with no catch-up then times K = k_max
-        (AGE: its earlier prices count for a tenth). Round times are
-        relative to a speed all K share, but this machine has phases in
-        which the draft's forwards slow and the target's do not: drafting
-        priced in one stopped for good (simulator: 0.94 of the best K), as
-        nothing drafts to re-price it. Each try that finds drafting still
-        losing doubles the wait, so a poor draft's cost stays bounded."""
+        win by PROBE_MARGIN at the estimated acceptance and the prior's
+        prices (anchored at plain decoding's time now), and the catch-up
+        repays (the acceptance is known; the price is in doubt). The next
+        round with no catch-up then times K = k_max, the earlier prices
+        aged to AGE (:meth:`Arms.age`).
+
+        Round times are relative to a speed all K share, but this machine
+        has phases in which the draft's forwards slow and the target's do
+        not: drafting priced in one stopped for good (simulator: 0.946 of
+        the best K), as nothing drafted again to re-price it. Each try that
+        finds drafting still losing doubles the wait, so the cost of a
+        draft that stays poor is bounded."""
         if not (self.online and self.plain_run >= self.reexplore):
             return 0
         e = expected_tokens(self.k_max, self.acceptance.per_position(self.after_miss))
