@@ -426,7 +426,7 @@ def test_an_untimed_k_never_costs_nothing():
 def test_drafting_priced_in_a_slow_phase_is_tried_again():
     """The draft's forwards slow for a while and the target's do not (this
     machine's phases): drafting is priced as losing and stops. Once the
-    phase is over, after REEXPLORE plain rounds a retry probes and times
+    phase is over, after Retries.WAIT plain rounds a retry probes and times
     K = k_max with the old prices aged, and drafting resumes; with retries
     off it stays plain for good, which is what the retry is for."""
     fast = [0.015 + 0.0075 * k for k in range(9)]  # K=8 at 0.95: about 1.5x plain
@@ -435,7 +435,7 @@ def test_drafting_priced_in_a_slow_phase_is_tried_again():
     def run(retries: bool):
         policy = DraftPolicy(8, online_costs=True)
         if not retries:
-            policy.REEXPLORE = policy.reexplore = 10 ** 9
+            policy.retries.WAIT = policy.retries.wait = 10 ** 9
         rng = np.random.default_rng(1)
         phase = play(policy, 0.95, 80, rng, slow)
         return phase, play(policy, 0.95, 300, rng, fast)
@@ -448,7 +448,7 @@ def test_drafting_priced_in_a_slow_phase_is_tried_again():
 
 def test_a_poor_draft_is_retried_rarely():
     """Retries ask the estimated acceptance, not the optimistic one: a draft
-    known to be poor is not retried every REEXPLORE rounds."""
+    known to be poor is not retried every Retries.WAIT rounds."""
     policy = DraftPolicy(8, online_costs=True)
     ks = play(policy, 0.3, 1200, np.random.default_rng(2), [0.015 + 0.0075 * k for k in range(9)])
     assert sum(k > 0 for k in ks[200:]) <= 12

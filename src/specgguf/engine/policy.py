@@ -23,7 +23,8 @@ E(K) / S(K), judged by what rounds delivered, not by modelled parts:
   only when the optimistic acceptance says the draft could pay and the
   tokens left would repay the draft's catch-up; while drafting, K = k_max
   once and K = 1 once, so that no K is priced for good off a line drawn
-  through close K (:meth:`DraftPolicy._unspanned`).
+  through close K (:meth:`Arms.unspanned`); after a long plain stretch,
+  drafting is priced again (:meth:`DraftPolicy.retry`).
 * The guard: when the last few drafting rounds delivered under ``GUARD`` of
   plain decoding's rate, drafting stops and the acceptance counts are
   mostly forgotten.
@@ -190,6 +191,22 @@ class Arms:
         seen = max(1.0, self.catchup_lag)
         return min(lag, seen) * self.catchup + max(0.0, lag - seen) * min(self.catchup, prior)
 
+    def unspanned(self) -> int:
+        """K = k_max while no K of the upper half has been timed, else K = 1
+        while none of the lower half has, else 0. Until both halves are
+        timed, the K of the other half are priced off a line through close K,
+        or through plain decoding with the step to K = 1 (the draft's first
+        forward) in its slope. Two K=2 rounds at 38 ms against a plain 15 priced
+        K=8 at 127 (it takes about 80), and since nothing ever drafted a long K
+        again, drafting stayed at K=0-1 for good (simulator, a Zen 5 trace:
+        0.70 of the best K). So a drafting policy times both ends once:
+        measured, not guessed."""
+        k_max = len(self.timed) - 1
+        half = k_max // 2
+        if not any(self.timed[half + 1:]):
+            return k_max
+        return 1 if not any(self.timed[1:half + 1]) else 0
+
     def age(self, f: float) -> None:
         """Scale the drafting K's timed rounds by ``f``: prices measured before
         a long plain stretch count for less than the next ones, and the next
@@ -275,6 +292,33 @@ def why_line(rates: Sequence[float], totals: tuple, costs: str, qualifier: str =
     return f"{head}{qualifier} (K {ks}); {known}; {costs}"
 
 
+class Retries:
+    """When a policy gone plain prices drafting again (:meth:`DraftPolicy.retry`):
+    after WAIT plain rounds in a row; each try that finds drafting still
+    losing doubles the wait, up to MAX, and drafting on its merits resets it."""
+
+    WAIT = 64
+    MAX = 1024
+    AGE = 0.1  # what a retry keeps of the drafting K's earlier round times
+
+    def __init__(self) -> None:
+        self.plain_run = 0      # plain rounds in a row
+        self.wait = self.WAIT   # the plain_run that makes a retry due
+        self.pending = False    # a retry's probe ran: the next round with no catch-up times K = k_max
+
+    def due(self) -> bool:
+        return self.plain_run >= self.wait
+
+    def start(self) -> None:
+        self.wait, self.pending = min(2 * self.wait, self.MAX), True
+
+    def on_merits(self) -> None:
+        self.wait = self.WAIT
+
+    def round(self, drafted: int) -> None:
+        self.plain_run = self.plain_run + 1 if drafted == 0 else 0
+
+
 class DraftPolicy:
     """The choice of K each round, and of the draft confidence cutoff ``p_min``.
 
@@ -303,9 +347,6 @@ class DraftPolicy:
     HORIZON = 100         # tokens left when the caller cannot say (DraftModel): without one, each
                           # probe at T=0.8 caught up on a whole previous answer, 0.85x plain
     PROBE_ODDS = 0.2      # the chance a probe finds the optimistic acceptance: its catch-up is weighed against it
-    REEXPLORE = 64        # plain rounds in a row before drafting is priced again (see retry); doubles per try
-    REEXPLORE_MAX = 1024  #   that finds drafting still losing, back to REEXPLORE once it drafts on its merits
-    AGE = 0.1             # what a retry keeps of the drafting K's earlier round times
 
     def __init__(self, k_max: int = 8, costs: Optional[CostModel] = None, *, online_costs: bool = False,
                  decay: Optional[float] = None, p_min=None, prior: Optional[float] = None,
@@ -322,9 +363,7 @@ class DraftPolicy:
         self.lag = 0           # the lag the last choice was made at
         self.after_miss = False  # the last round ended in a rejection (see acceptance.Counts)
         self.delivered = Delivered()  # what recent timed drafting rounds delivered: the guard reads it
-        self.plain_run = 0     # plain rounds in a row
-        self.reexplore = self.REEXPLORE  # plain_run that triggers a retry (see retry)
-        self.retrying = False  # a retry's probe ran: the next round with no catch-up times K = k_max
+        self.retries = Retries()
 
     def rates(self, acc: Optional[Sequence[float]] = None) -> List[float]:
         """Expected tokens per second (or per unit) for K = 0..k_max."""
@@ -359,11 +398,11 @@ class DraftPolicy:
         if (explore if self.drafting else r)[k] <= margin * r[0] or not self.repays(k, remaining, lag, explore):
             k = 0
         self.drafting = k > 0
-        if self.retrying and lag <= 2 and (remaining is None or remaining > self.k_max):
-            self.retrying, self.drafting = False, True
+        if self.retries.pending and lag <= 2 and (remaining is None or remaining > self.k_max):
+            self.retries.pending, self.drafting = False, True
             return self.k_max  # a retry's timed round: the price of long K as it is now
         if k > 0:
-            self.reexplore = self.REEXPLORE  # drafting on its merits
+            self.retries.on_merits()
         if k == 0:
             self.acceptance.idle()
             k = self.probe(remaining, lag) or self.retry(remaining, lag)
@@ -377,23 +416,8 @@ class DraftPolicy:
             self.drafting = False
             k = 0
         elif self.online and lag <= 2 and (remaining is None or remaining > self.k_max):
-            k = self._unspanned() or k
+            k = self.arms.unspanned() or k
         return k
-
-    def _unspanned(self) -> int:
-        """K = k_max while no K of the upper half has been timed, else K = 1
-        while none of the lower half has, else 0. Until both halves are
-        timed, the K of the other half are priced off a line through close K,
-        or through plain decoding with the step to K = 1 (the draft's first
-        forward) in its slope. Two K=2 rounds at 38 ms against a plain 15 priced
-        K=8 at 127 (it takes about 80), and since nothing ever drafted a long K
-        again, drafting stayed at K=0-1 for good (simulator, a Zen 5 trace:
-        0.70 of the best K). So a drafting policy times both ends once:
-        measured, not guessed."""
-        half = self.k_max // 2
-        if not any(self.arms.timed[half + 1:]):
-            return self.k_max
-        return 1 if not any(self.arms.timed[1:half + 1]) else 0
 
     def _losing(self) -> bool:
         """The guard: recent drafting rounds delivered fewer tokens per second
@@ -413,12 +437,12 @@ class DraftPolicy:
         return 0
 
     def retry(self, remaining: Optional[int] = None, lag: int = 0) -> int:
-        """PROBE_K after ``reexplore`` plain rounds in a row, if drafting would
+        """PROBE_K once a retry is due (:class:`Retries`), if drafting would
         win by PROBE_MARGIN at the estimated acceptance and the prior's
         prices (anchored at plain decoding's time now), and the catch-up
         repays (the acceptance is known; the price is in doubt). The next
         round with no catch-up then times K = k_max, the earlier prices
-        aged to AGE (:meth:`Arms.age`).
+        aged (:meth:`Arms.age`).
 
         Round times are relative to a speed all K share, but this machine
         has phases in which the draft's forwards slow and the target's do
@@ -426,16 +450,15 @@ class DraftPolicy:
         the best K), as nothing drafted again to re-price it. Each try that
         finds drafting still losing doubles the wait, so the cost of a
         draft that stays poor is bounded."""
-        if not (self.online and self.plain_run >= self.reexplore):
+        if not (self.online and self.retries.due()):
             return 0
         e = expected_tokens(self.k_max, self.acceptance.per_position(self.after_miss))
         r = [e[k] / self.arms.prior_time(k) for k in range(self.k_max + 1)]
         best = max(range(1, self.k_max + 1), key=lambda k: r[k])
         if r[best] <= self.PROBE_MARGIN * r[0] or not self.repays(best, remaining, lag, r):
             return 0
-        self.reexplore = min(2 * self.reexplore, self.REEXPLORE_MAX)
-        self.arms.age(self.AGE)
-        self.retrying = True
+        self.retries.start()
+        self.arms.age(Retries.AGE)
         return min(self.PROBE_K, self.k_max)
 
     def explain(self) -> str:
@@ -476,4 +499,4 @@ class DraftPolicy:
         if drafted and timed:
             self.delivered.add(accepted + 1, timed)
         self.since_plain = 0 if drafted == 0 else self.since_plain + 1
-        self.plain_run = self.plain_run + 1 if drafted == 0 else 0
+        self.retries.round(drafted)
