@@ -312,6 +312,11 @@ class Retries:
     def start(self) -> None:
         self.wait, self.pending = min(2 * self.wait, self.MAX), True
 
+    def take_timed_round(self) -> bool:
+        """Whether a retry's probe ran and its timed round is still to come (then it is taken)."""
+        pending, self.pending = self.pending, False
+        return pending
+
     def on_merits(self) -> None:
         self.wait = self.WAIT
 
@@ -398,8 +403,8 @@ class DraftPolicy:
         if (explore if self.drafting else r)[k] <= margin * r[0] or not self.repays(k, remaining, lag, explore):
             k = 0
         self.drafting = k > 0
-        if self.retries.pending and lag <= 2 and (remaining is None or remaining > self.k_max):
-            self.retries.pending, self.drafting = False, True
+        if lag <= 2 and (remaining is None or remaining > self.k_max) and self.retries.take_timed_round():
+            self.drafting = True
             return self.k_max  # a retry's timed round: the price of long K as it is now
         if k > 0:
             self.retries.on_merits()
