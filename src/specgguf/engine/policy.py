@@ -370,10 +370,12 @@ class DraftPolicy:
         self.delivered = Delivered()  # what recent timed drafting rounds delivered: the guard reads it
         self.retries = Retries()
 
-    def rates(self, acc: Optional[Sequence[float]] = None) -> List[float]:
-        """Expected tokens per second (or per unit) for K = 0..k_max."""
+    def rates(self, acc: Optional[Sequence[float]] = None, time=None) -> List[float]:
+        """Expected tokens per second (or per unit) for K = 0..k_max, at
+        per-position acceptances ``acc`` (None: the estimate's) and round
+        times ``time(k)`` (None: the measured ones, :meth:`Arms.time`)."""
         e = expected_tokens(self.k_max, self.acceptance.per_position(self.after_miss) if acc is None else acc)
-        return [e[k] / self.arms.time(k) for k in range(self.k_max + 1)]
+        return [e[k] / (time or self.arms.time)(k) for k in range(self.k_max + 1)]
 
     def best_k(self) -> int:
         """The K with the best expected rate (0 unless drafting is expected to win at all)."""
@@ -403,7 +405,8 @@ class DraftPolicy:
         if (explore if self.drafting else r)[k] <= margin * r[0] or not self.repays(k, remaining, lag, explore):
             k = 0
         self.drafting = k > 0
-        if lag <= 2 and (remaining is None or remaining > self.k_max) and self.retries.take_timed_round():
+        steady = lag <= 2 and (remaining is None or remaining > self.k_max)  # no catch-up, room for K = k_max
+        if steady and self.retries.take_timed_round():
             self.drafting = True
             return self.k_max  # a retry's timed round: the price of long K as it is now
         if k > 0:
@@ -420,7 +423,7 @@ class DraftPolicy:
             self.delivered = Delivered()
             self.drafting = False
             k = 0
-        elif self.online and lag <= 2 and (remaining is None or remaining > self.k_max):
+        elif self.online and steady:
             k = self.arms.unspanned() or k
         return k
 
@@ -435,11 +438,16 @@ class DraftPolicy:
         and the chance (PROBE_ODDS) of that saving outweighs the catch-up.
         With a poor draft, probes at even odds ran at every call's start,
         2-3% of the run for nothing."""
-        r = self.rates([self.acceptance.optimistic()] * self.k_max)
-        best = max(range(1, self.k_max + 1), key=lambda k: r[k])
-        if r[best] > self.PROBE_MARGIN * r[0] and self.repays(best, remaining, lag, r, self.PROBE_ODDS):
+        optimistic = self.rates([self.acceptance.optimistic()] * self.k_max)
+        if self._worth_trying(optimistic, remaining, lag, self.PROBE_ODDS):
             return min(self.PROBE_K, self.k_max)
         return 0
+
+    def _worth_trying(self, r: Sequence[float], remaining: Optional[int], lag: int, odds: float = 1.0) -> bool:
+        """Whether, at rates ``r``, some K beats plain decoding by PROBE_MARGIN
+        and its saving (times ``odds``) repays the catch-up (:meth:`repays`)."""
+        best = max(range(1, self.k_max + 1), key=lambda k: r[k])
+        return r[best] > self.PROBE_MARGIN * r[0] and self.repays(best, remaining, lag, r, odds)
 
     def retry(self, remaining: Optional[int] = None, lag: int = 0) -> int:
         """PROBE_K once a retry is due (:class:`Retries`), if drafting would
@@ -457,10 +465,7 @@ class DraftPolicy:
         draft that stays poor is bounded."""
         if not (self.online and self.retries.due()):
             return 0
-        e = expected_tokens(self.k_max, self.acceptance.per_position(self.after_miss))
-        r = [e[k] / self.arms.prior_time(k) for k in range(self.k_max + 1)]
-        best = max(range(1, self.k_max + 1), key=lambda k: r[k])
-        if r[best] <= self.PROBE_MARGIN * r[0] or not self.repays(best, remaining, lag, r):
+        if not self._worth_trying(self.rates(time=self.arms.prior_time), remaining, lag):
             return 0
         self.retries.start()
         self.arms.age(Retries.AGE)
