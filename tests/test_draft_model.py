@@ -9,7 +9,7 @@ llama_cpp = pytest.importorskip("llama_cpp")
 
 import specgguf  # noqa: E402
 from specgguf.llama import models  # noqa: E402
-from tests.conftest import PROMPTS, msgs  # noqa: E402
+from tests.conftest import PROMPTS, greedy_near_tie, msgs  # noqa: E402
 
 
 def target_llama(**kw):
@@ -52,8 +52,7 @@ def same_up_to_a_near_tie(plain, drafted, tie=0.01) -> bool:
     plain.eval(a[:i])  # without logits_all, Llama keeps no scores: the context's last row
     row = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(plain.ctx, -1), shape=(plain.n_vocab(),)).copy()
     plain.reset()
-    top = [int(t) for t in np.argsort(row)[::-1][:2]]
-    return set(top) == {a[i], b[i]} and row[top[0]] - row[top[1]] < tie
+    return greedy_near_tie(row, a[i], b[i], tie)
 
 
 def test_greedy_output_is_the_llama_without_a_draft(pair):

@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("llama_cpp")
 
 from specgguf.engine.batch_policy import BatchPolicy, LineFit, SlotView  # noqa: E402
-from tests.conftest import PROMPTS  # noqa: E402
+from tests.conftest import PROMPTS, greedy_near_tie  # noqa: E402
 
 MORE = PROMPTS + ["List the planets of the solar system with one fact each."]
 
@@ -100,8 +100,7 @@ def diverge_at_a_near_tie(one, prompt, alone, got, settings, tie=0.01):
     c = GenerationConfig.from_kwargs(None, **settings)
     logits = one.pair.target.model.eval(ids + alone[:i], 1)
     if c.greedy:  # the two best logits nearly tied, and they are the two tokens
-        top = np.argsort(logits[0])[::-1][:2]
-        return set(int(t) for t in top) == {alone[i], got[i]} and logits[0][top[0]] - logits[0][top[1]] < tie
+        return greedy_near_tie(logits[0], alone[i], got[i], tie)
 
     def race(row):
         return sorted((-math.log(race_uniform(c.seed, i, int(t))) / float(row[t]), int(t))
