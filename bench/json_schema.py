@@ -84,7 +84,7 @@ def request(client: httpx.Client, url: str, prompt: str, tokens: int, temp: floa
 
 def one_process(config: str, temp: float, args, target: Path, draft: Path, rep: int) -> tuple:
     """(tok/s, valid share) over every prompt, from one fresh server process."""
-    with httpx.Client(timeout=600) as client, fresh_server(config, args, target, draft, client, 1) as url:
+    with bench_client() as client, fresh_server(config, args, target, draft, client, 1) as url:
         request(client, url, "Make up a person.", 24, temp, 7)  # warm-up
         done = [request(client, url, p, args.tokens, temp, 100 * rep + i) for i, p in enumerate(PROMPTS)]
     return sum(n for n, _, _ in done) / sum(s for _, s, _ in done), sum(v for _, _, v in done) / len(done)
