@@ -39,7 +39,7 @@ import numpy as np
 
 from specgguf.llama import models
 from specgguf.api import SpeculativeLlama
-from specgguf.engine.policy import CostModel
+from specgguf.engine.arms import CostModel
 from specgguf.speed import ceiling, fixed_k_ceiling, per_token_acceptance, steady  # the figures `specgguf bench` prints
 
 PROMPTS = [

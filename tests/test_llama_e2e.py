@@ -11,7 +11,7 @@ from specgguf.api import SpeculativeLlama  # noqa: E402
 from specgguf.engine.calibration import measure_acceptance  # noqa: E402
 from specgguf.llama.adapter import LlamaTarget, ModelDrafter, prompt_agreement  # noqa: E402
 from specgguf.llama.model import LlamaModel  # noqa: E402
-from specgguf.engine.policy import CostModel  # noqa: E402
+from specgguf.engine.arms import CostModel  # noqa: E402
 from specgguf.ops.sampling import Sampler  # noqa: E402
 from tests.conftest import PROMPTS, load_model, msgs, plain_greedy  # noqa: E402
 

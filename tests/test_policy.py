@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from specgguf.engine.acceptance import AcceptanceEstimate, merge_evidence
-from specgguf.engine.policy import Arms, CostModel, DraftPolicy, expected_tokens
+from specgguf.engine.arms import Arms, CostModel
+from specgguf.engine.policy import DraftPolicy, Trials, expected_tokens
 
 # Whole-round seconds by K. A memory-bound board: a batch costs little more
 # than one token and a draft token a twentieth of a target step.
@@ -238,7 +239,7 @@ def test_no_probe_whose_catch_up_costs_more_than_it_could_save():
     policy = DraftPolicy(8, online_costs=True)
     play(policy, 0.5, 100, np.random.default_rng(6), HERE)  # plain decoding by now
     policy.acceptance.rounds_without_evidence = 10 ** 4  # evidence long aged: a probe is tempting
-    assert policy.probe(remaining=100000, lag=400) == DraftPolicy.PROBE_K
+    assert policy.probe(remaining=100000, lag=400) == Trials.PROBE_K
     assert policy.probe(remaining=10, lag=400) == 0
 
 
@@ -390,7 +391,7 @@ def test_the_guard_stops_drafting_that_delivers_less_than_plain():
     play(policy, 0.97, 200, np.random.default_rng(7), HERE)
     ks = play(policy, 0.2, 40, np.random.default_rng(8), HERE)
     assert 0 in ks[:10]
-    assert all(k <= DraftPolicy.PROBE_K for k in ks[-30:])  # plain decoding, and short probes at most
+    assert all(k <= Trials.PROBE_K for k in ks[-30:])  # plain decoding, and short probes at most
 
 
 def test_a_catch_up_timed_at_a_short_lag_does_not_price_a_long_one_per_token():
@@ -435,7 +436,7 @@ def test_drafting_priced_in_a_slow_phase_is_tried_again():
     def run(retries: bool):
         policy = DraftPolicy(8, online_costs=True)
         if not retries:
-            policy.retries.WAIT = policy.retries.wait = 10 ** 9
+            policy.trials.retries.WAIT = policy.trials.retries.wait = 10 ** 9
         rng = np.random.default_rng(1)
         phase = play(policy, 0.95, 80, rng, slow)
         return phase, play(policy, 0.95, 300, rng, fast)

@@ -8,7 +8,7 @@ import sys
 from typing import List
 
 from .options import Parser, _number, add_model_args, load_pair
-from .engine.policy import CostModel
+from .engine.arms import CostModel
 
 
 def models_main(argv: List[str]) -> int:

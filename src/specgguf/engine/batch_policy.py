@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Sequence
 
 from .acceptance import AcceptanceEstimate
-from .policy import Delivered, DraftPolicy, expected_tokens, why_line
+from .policy import Delivered, DraftPolicy, Trials, expected_tokens, why_line
 
 
 class LineFit:
@@ -182,7 +182,7 @@ class BatchPolicy:
 
     PROBE_K = 3           # while a regime's acceptance is unknown, its slots draft this many
     PROBE_EVIDENCE = 16   # draft positions verified before the estimate is trusted
-    PROBE_ODDS = DraftPolicy.PROBE_ODDS  # the chance a probe finds the optimistic acceptance
+    PROBE_ODDS = Trials.PROBE_ODDS  # the chance a probe finds the optimistic acceptance
     GUARD = 0.6           # drafting rounds delivering under this of the tokens they were expected to: forget
     FORGET = DraftPolicy.FORGET  # what is kept of the acceptance counts then
     EXPLORE_EVERY = 48    # rounds without drafting in a regime before a lone slot tries again

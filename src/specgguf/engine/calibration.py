@@ -14,7 +14,7 @@ import numpy as np
 
 from ..llama.adapter import ModelDrafter
 from ..llama.model import LlamaModel
-from .policy import CostModel
+from .arms import CostModel
 from ..ops.sampling import warp
 
 

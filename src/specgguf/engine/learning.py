@@ -30,7 +30,8 @@ from typing import Callable, Dict, Optional
 
 from ..config import GenerationConfig
 from .acceptance import merge_evidence
-from .policy import CostModel, DraftPolicy
+from .arms import CostModel
+from .policy import DraftPolicy
 from ..state import PairState
 
 AUTO_K_MAX = 8  # the largest draft length k="auto" considers
