@@ -138,16 +138,16 @@ def test_catchup_agreement_estimates_the_exact_rules_acceptance():
     sampler.emitted_p = {i: float(p[x]) for i, x in enumerate(xs)}
     context = [9, 9, 9] + xs.tolist()
     rows = np.tile(np.log(q).astype(np.float32), (n, 1))
-    total, positions = sampler.agreement(rows, context, 3)
+    total, positions = sampling.agreement(sampler, rows, context, 3)
     assert positions == n
     want = np.minimum(p, q).sum()  # 0.75
     sd = np.sqrt(np.var(np.minimum(1.0, q[xs] / p[xs])) / n)
     assert abs(total / n - want) < 4 * sd
     # A draft that is the target agrees everywhere; positions not emitted under the rule do not count.
     same = np.tile(np.log(p).astype(np.float32), (10, 1))
-    assert sampler.agreement(same, context, 3) == (pytest.approx(10.0), 10)
+    assert sampling.agreement(sampler, same, context, 3) == (pytest.approx(10.0), 10)
     sampler.emitted_p.pop(0)
-    assert sampler.agreement(same, context, 3)[1] == 9
+    assert sampling.agreement(sampler, same, context, 3)[1] == 9
 
 
 def test_catchup_agreement_is_the_verifiers_verdict_greedy_and_invariant():
@@ -169,9 +169,9 @@ def test_catchup_agreement_is_the_verifiers_verdict_greedy_and_invariant():
             rows = np.stack([p[j], p[j]])
             kept = verify_greedy(rows, [tok]) if rule == "greedy" else accept_invariant(rows, [tok], 123, j)
             verdicts += kept[0]
-        got = sampler.agreement(draft, context, origin)
+        got = sampling.agreement(sampler, draft, context, origin)
         assert got == (float(verdicts), n)
         assert 0 < verdicts < n  # the test tells agreement from disagreement
         # Rows before the output starts (the prompt) are skipped.
         prompt_rows = rng.standard_normal((2, v)).astype(np.float32)
-        assert sampler.agreement(np.vstack([prompt_rows, draft]), context, origin - 2) == got
+        assert sampling.agreement(sampler, np.vstack([prompt_rows, draft]), context, origin - 2) == got

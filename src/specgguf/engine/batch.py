@@ -102,6 +102,64 @@ class Ticket:
         return False
 
 
+class Slots:
+    """Which request runs in which slot, and the requests waiting for one.
+
+    Not locked itself: the :class:`Engine` calls it under its condition.
+
+    Args:
+        target: the target's :class:`LlamaModel`; its slot count, and its
+            caches, which decide where a waiting request goes.
+    """
+
+    def __init__(self, target: LlamaModel) -> None:
+        self.target = target
+        self.running: List[Optional[Ticket]] = [None] * target.slots
+        self.waiting: Deque[Ticket] = deque()
+
+    def add(self, t: Ticket) -> None:
+        """Queue ``t`` for the next free slot (:meth:`update`)."""
+        self.waiting.append(t)
+
+    def busy(self) -> int:
+        """Requests running or waiting."""
+        return len(self.waiting) + sum(t is not None for t in self.running)
+
+    def active(self) -> List[Ticket]:
+        return [t for t in self.running if t is not None]
+
+    def holds(self, t: Ticket) -> bool:
+        return t.slot is not None and self.running[t.slot] is t
+
+    def free(self, t: Ticket, last) -> None:
+        """End ``t`` with ``last`` (the end marker or an error) and free its slot."""
+        if self.holds(t):
+            self.running[t.slot] = None
+        t.queue.put(last)
+
+    def update(self) -> None:
+        """Free the slots of cancelled requests, then admit waiting ones."""
+        for t in self.running:
+            if t is not None and t.cancelled:
+                t.stats.finish_reason = t.stats.finish_reason or "stop"
+                self.free(t, _END)
+        self._admit()
+
+    def _admit(self) -> None:
+        """Waiting requests into free slots, each to the one whose cache shares most with it."""
+        while self.waiting:
+            free = [i for i, t in enumerate(self.running) if t is None]
+            if not free:
+                return
+            t = self.waiting.popleft()
+            if t.cancelled:
+                t.queue.put(_END)
+                continue
+            t.slot = max(free, key=lambda i: common_prefix(self.target.cache[i], t.ids))
+            t.cached = max(0, len(t.ids) - self.target.lag(t.ids, t.slot))
+            self.running[t.slot] = t
+
+
 class Engine:
     """Decoding rounds over up to ``target.slots`` requests at once, in a thread of its own.
 
@@ -118,8 +176,7 @@ class Engine:
             raise ValueError(f"the draft has {draft.slots} slots, the target {target.slots}")
         self.target, self.draft, self.ngram = target, draft, ngram
         self.policy = BatchPolicy(k_max)
-        self.slots: List[Optional[Ticket]] = [None] * target.slots
-        self.waiting: Deque[Ticket] = deque()
+        self.slots = Slots(target)
         self.cond = threading.Condition()
         self.thread: Optional[threading.Thread] = None
 
@@ -127,7 +184,7 @@ class Engine:
     def busy(self) -> int:
         """Requests running or waiting."""
         with self.cond:
-            return len(self.waiting) + sum(t is not None for t in self.slots)
+            return self.slots.busy()
 
     def submit(self, ids: Sequence[int], budget: int, stops: FrozenSet[int], sampler: Sampler, regime: str,
                k: Optional[int] = None, prior: Optional[float] = None, evidence: Optional[dict] = None) -> Ticket:
@@ -141,7 +198,7 @@ class Engine:
                 ticket.stats.finish_reason = "length"
                 ticket.queue.put(_END)
                 return ticket
-            self.waiting.append(ticket)
+            self.slots.add(ticket)
             if self.thread is None:
                 self.thread = threading.Thread(target=self._loop, name="specgguf-engine", daemon=True)
                 self.thread.start()
@@ -166,13 +223,11 @@ class Engine:
     def _loop(self) -> None:
         while True:
             with self.cond:
-                self._release()
-                self._admit()
-                while not any(self.slots):
+                self.slots.update()
+                while not self.slots.active():
                     self.cond.wait()
-                    self._release()
-                    self._admit()
-                active = [t for t in self.slots if t is not None]
+                    self.slots.update()
+                active = self.slots.active()
             try:
                 self._round(active)
             except BaseException as e:  # the models' state is unknown: every running request gets the error
@@ -181,32 +236,7 @@ class Engine:
                         m.reset()
                 with self.cond:
                     for t in active:
-                        self._free(t, e)
-
-    def _release(self) -> None:
-        for t in self.slots:
-            if t is not None and t.cancelled:
-                t.stats.finish_reason = t.stats.finish_reason or "stop"
-                self._free(t, _END)
-
-    def _free(self, t: Ticket, last) -> None:
-        if t.slot is not None and self.slots[t.slot] is t:
-            self.slots[t.slot] = None
-        t.queue.put(last)
-
-    def _admit(self) -> None:
-        """Waiting requests into free slots, each to the one whose cache shares most with it."""
-        while self.waiting:
-            free = [i for i, t in enumerate(self.slots) if t is None]
-            if not free:
-                return
-            t = self.waiting.popleft()
-            if t.cancelled:
-                t.queue.put(_END)
-                continue
-            t.slot = max(free, key=lambda i: common_prefix(self.target.cache[i], t.ids))
-            t.cached = max(0, len(t.ids) - self.target.lag(t.ids, t.slot))
-            self.slots[t.slot] = t
+                        self.slots.free(t, e)
 
     def _views(self, active: Sequence[Ticket]) -> List[SlotView]:
         views = []
@@ -233,17 +263,13 @@ class Engine:
                 try:  # a request's own rules (a grammar with no way on) fail that request only
                     n, nxt = t.sampler.verify(t.sampler.target_rows(rows, t.ids + d.tokens), d, t.stats.emitted)
                 except ValueError as e:
-                    self._free(t, e)
+                    self.slots.free(t, e)
                     continue
-                t.stats.record(len(d.tokens), n, d.stop if d.tokens else None)
+                t.stats.record(len(d.tokens), n, d.stop if d.tokens else None, seconds=(t1 - t0, t2 - t1))
                 self.policy.observe(t.regime, len(d.tokens), n, t.after_miss)
                 t.after_miss = n < len(d.tokens)  # a plain round ends a run of misses (as DraftPolicy)
-                t.stats.draft_seconds += t1 - t0
-                t.stats.target_seconds += t2 - t1
-                if t.stats.rounds == 1:  # the round that also read its prompt
-                    t.stats.first_target_seconds = t2 - t1
-                if t.emit(d.tokens[:n] + [nxt], n) and self.slots[t.slot] is t:
-                    self._free(t, _END)
+                if t.emit(d.tokens[:n] + [nxt], n) and self.slots.holds(t):
+                    self.slots.free(t, _END)
         t3 = time.perf_counter()
         target_tokens = sum(v.target_lag + len(d.tokens) for v, d in zip(views, drafts))
         rest = (t3 - t0) - (t2 - t1) - sum(f[1] for f in forwards)

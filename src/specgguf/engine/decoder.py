@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Union
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -76,9 +76,16 @@ class DecoderStats:
         """Per draft position: accepted / drafted."""
         return [a / d if d else 0.0 for a, d in zip(self.position_accepted, self.position_drafted)]
 
-    def record(self, drafted: int, accepted: int, stop: Optional[str] = None) -> None:
+    def record(self, drafted: int, accepted: int, stop: Optional[str] = None,
+               seconds: Tuple[float, float] = (0.0, 0.0)) -> None:
         """Add one round that drafted ``drafted`` and accepted ``accepted``;
-        ``stop``: why drafting stopped (rounds that asked for tokens)."""
+        ``stop``: why drafting stopped (rounds that asked for tokens);
+        ``seconds``: its draft's and its target's time (the first round's
+        target time is also kept apart: it evaluated the prompt too)."""
+        if self.rounds == 0:
+            self.first_target_seconds = seconds[1]
+        self.draft_seconds += seconds[0]
+        self.target_seconds += seconds[1]
         self.rounds += 1
         self.drafted += drafted
         self.accepted += accepted
@@ -211,13 +218,9 @@ class SpeculativeDecoder:
             self._check_target(target, len(draft.tokens))
             n, nxt = self.sampler.verify(target, draft, stats.emitted)
             t3 = time.perf_counter()
-            stats.draft_seconds += t1 - t0
-            stats.target_seconds += t2 - t1
-            if stats.rounds == 0:
-                stats.first_target_seconds = t2 - t1
             stats.verify_seconds += t3 - t2
             stop = None if k == 0 else ("max_new" if k < want and draft.stop == "max" else draft.stop)
-            stats.record(len(draft.tokens), n, stop)
+            stats.record(len(draft.tokens), n, stop, seconds=(t1 - t0, t2 - t1))
             # the whole round, timed unless it also evaluated the prompt (the first)
             report(turn, self.lookup, len(draft.tokens), n, draft.confidence,
                    (t3 - t0) if stats.rounds > 1 else None, draft.first_seconds, draft.catchup)

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..ops.drafter import Draft, Proposal
 from .model import LlamaModel
-from ..ops.sampling import Sampler
+from ..ops.sampling import Sampler, agreement
 
 
 class LlamaTarget:
@@ -71,7 +71,7 @@ class ModelDrafter:
             first = out.first is None
             rows = self.model.eval(seq, 1 + (checked if first else 0))
             if first and checked:
-                catchup = self.sampler.agreement(rows[:-1], seq, len(seq) - checked)
+                catchup = agreement(self.sampler, rows[:-1], seq, len(seq) - checked)
             out.forwarded()  # the read-back is part of the catch-up's cost
             tok, c, q = self.sampler.pick(rows[-1], seq)
             if out.refuses(c, p_min):

@@ -199,42 +199,43 @@ class Sampler:
             self.emitted_p[position + i] = float(target[i, t])
         return n, nxt
 
-    def agreement(self, rows: np.ndarray, context: Sequence[int], first: int) -> Tuple[float, int]:
-        """How a draft would have fared on tokens already emitted, by this rule.
 
-        Args:
-            rows: ``[m, V]`` float32, the draft's logits; row i predicts
-                ``context[first + i]`` from the tokens before it.
-            context: the prompt and the tokens emitted after it.
-            first: index in ``context`` of the token row 0 predicts.
+def agreement(sampler: Sampler, rows: np.ndarray, context: Sequence[int], first: int) -> Tuple[float, int]:
+    """How a draft would have fared on tokens already emitted, by ``sampler``'s rule.
 
-        Returns:
-            ``(acceptances, positions)``: the expected number of the draft's
-            tokens verification would have accepted there, and over how many
-            positions. Only emitted tokens count (index >= ``origin``): the
-            prompt was not drawn from the target. Per position, the acceptance
-            event or an unbiased estimate of its probability:
+    Args:
+        rows: ``[m, V]`` float32, the draft's logits; row i predicts
+            ``context[first + i]`` from the tokens before it.
+        context: the prompt and the tokens emitted after it.
+        first: index in ``context`` of the token row 0 predicts.
 
-            * greedy: the draft's argmax is the emitted token (the target's);
-            * invariant: the draft's race pick, with the position's own
-              noise, is the emitted token: exactly the race's acceptance;
-            * exact: ``min(1, q(x) / p(x))`` for the emitted x with p(x)
-              recorded at emission. Emitted tokens follow p whatever K was,
-              so its mean is ``sum_x min(p(x), q(x))``, the acceptance of a
-              draft token sampled from q.
-        """
-        skip = max(0, self.origin - first)
-        rows, first = rows[skip:], first + skip
-        if len(rows) == 0:
-            return 0.0, 0
-        tokens = np.asarray(context[first:first + len(rows)], dtype=np.int64)
-        if self.rule == "greedy":
-            return float(np.count_nonzero(np.argmax(rows, axis=1) == tokens)), len(tokens)
-        q = warp(rows, *self.warping)
-        if self.rule == "invariant":
-            picks = race_pick(q, self.seed, first - self.origin)
-            return float(np.count_nonzero(picks == tokens)), len(tokens)
-        p = np.array([self.emitted_p.get(first - self.origin + i, 0.0) for i in range(len(tokens))])
-        kept = np.flatnonzero(p > 0)  # positions whose p(x) was recorded
-        qx = q[kept, tokens[kept]].astype(np.float64)
-        return float(np.minimum(1.0, qx / p[kept]).sum()), len(kept)
+    Returns:
+        ``(acceptances, positions)``: the expected number of the draft's
+        tokens verification would have accepted there, and over how many
+        positions. Only emitted tokens count (index >= ``origin``): the
+        prompt was not drawn from the target. Per position, the acceptance
+        event or an unbiased estimate of its probability:
+
+        * greedy: the draft's argmax is the emitted token (the target's);
+        * invariant: the draft's race pick, with the position's own
+          noise, is the emitted token: exactly the race's acceptance;
+        * exact: ``min(1, q(x) / p(x))`` for the emitted x with p(x)
+          recorded at emission. Emitted tokens follow p whatever K was,
+          so its mean is ``sum_x min(p(x), q(x))``, the acceptance of a
+          draft token sampled from q.
+    """
+    skip = max(0, sampler.origin - first)
+    rows, first = rows[skip:], first + skip
+    if len(rows) == 0:
+        return 0.0, 0
+    tokens = np.asarray(context[first:first + len(rows)], dtype=np.int64)
+    if sampler.rule == "greedy":
+        return float(np.count_nonzero(np.argmax(rows, axis=1) == tokens)), len(tokens)
+    q = warp(rows, *sampler.warping)
+    if sampler.rule == "invariant":
+        picks = race_pick(q, sampler.seed, first - sampler.origin)
+        return float(np.count_nonzero(picks == tokens)), len(tokens)
+    p = np.array([sampler.emitted_p.get(first - sampler.origin + i, 0.0) for i in range(len(tokens))])
+    kept = np.flatnonzero(p > 0)  # positions whose p(x) was recorded
+    qx = q[kept, tokens[kept]].astype(np.float64)
+    return float(np.minimum(1.0, qx / p[kept]).sum()), len(kept)
