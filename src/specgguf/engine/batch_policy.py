@@ -62,6 +62,10 @@ class LineFit:
             return 0.0, my / mn
         return a, b
 
+    def age(self, f: float) -> None:
+        """Scale every forward seen by ``f``: the next ones outweigh them."""
+        self.w, self.n, self.y, self.nn, self.ny = (x * f for x in (self.w, self.n, self.y, self.nn, self.ny))
+
     def __call__(self, tokens: int) -> float:
         if tokens <= 0:
             return 0.0
@@ -105,14 +109,20 @@ class RoundCosts:
         self.catchup = LineFit()  # the draft's forwards that catch up (a prompt, plain rounds' tokens)
         self.rows = LineFit()  # the rest of a round, by the rows verified (each slot's K + 1)
 
-    def lines(self) -> tuple:
+    def lines(self, doubt_draft: bool = False) -> tuple:
         """The fitted lines ``(a, b)`` of the target, the draft (before any
-        draft forward: DRAFT_PRIOR of the target's) and the per-row work."""
+        draft forward: DRAFT_PRIOR of the target's) and the per-row work.
+        ``doubt_draft``: the draft's line no dearer than that prior (its
+        forwards were timed before a long plain stretch: see :meth:`BatchPolicy.choose`)."""
         t = self.target.line()
-        d = self.draft.line() if self.draft.known else (self.DRAFT_PRIOR * t[0], self.DRAFT_PRIOR * t[1])
+        prior = (self.DRAFT_PRIOR * t[0], self.DRAFT_PRIOR * t[1])
+        d = self.draft.line() if self.draft.known else prior
+        if doubt_draft and d[0] + 2 * d[1] > prior[0] + 2 * prior[1]:
+            d = prior
         return t, d, self.rows.line()
 
-    def seconds(self, slots: Sequence[SlotView], ks: Sequence[int], lines: Optional[tuple] = None) -> float:
+    def seconds(self, slots: Sequence[SlotView], ks: Sequence[int], lines: Optional[tuple] = None,
+                doubt_draft: bool = False) -> float:
         """Predicted wall time of a round drafting ``ks`` for ``slots``: the
         target's forward, the rows' work, and the draft's first forward (each
         drafting slot's usual one or two tokens) and one forward per further
@@ -125,8 +135,9 @@ class RoundCosts:
         over the rounds, a catch-up had to pay for itself E(K) times over: a
         request whose draft lagged its prompt never drafted, and its lag and
         catch-up grew with every plain round. ``lines``: :meth:`lines`, when
-        the caller holds them already."""
-        (at, bt), (ad, bd), (ar, br) = lines or self.lines()
+        the caller holds them already; ``doubt_draft``: as :meth:`lines`, the
+        catch-ups priced at the draft line's rate, if lower."""
+        (at, bt), (ad, bd), (ar, br) = lines or self.lines(doubt_draft)
         n = sum(ks)
         t = at + bt * (sum(s.target_lag for s in slots) + n) + ar + br * (n + len(slots))
         if n:
@@ -136,8 +147,10 @@ class RoundCosts:
                     first += min(s.draft_lag, 2)
                     later += k - 1
                     if s.draft_lag > 2:
-                        cost = (max(0.0, self.catchup(s.draft_lag) - ad - 2 * bd) if self.catchup.known
-                                else bd * (s.draft_lag - 2))
+                        cost = bd * (s.draft_lag - 2)
+                        if self.catchup.known:
+                            fitted = max(0.0, self.catchup(s.draft_lag) - ad - 2 * bd)
+                            cost = min(cost, fitted) if doubt_draft else fitted
                         extra += cost / min(self.HORIZON, max(1.0, s.remaining))
             t += ad * max(ks) + bd * (first + later) + extra
         return t
@@ -187,6 +200,8 @@ class BatchPolicy:
     FORGET = DraftPolicy.FORGET  # what is kept of the acceptance counts then
     EXPLORE_EVERY = 48    # rounds without drafting in a regime before a lone slot tries again
     EXPLORE_BACKOFF = 16  # each try that went plain at once doubles the wait, up to this many times
+    DOUBT_MARGIN = 1.2   # and only if drafting would win by this at the estimated acceptance and the prior's price
+    AGE = 0.1             # what a re-exploration that drafts keeps of the draft's timed forwards
 
     def __init__(self, k_max: int = 8) -> None:
         self.k_max = k_max
@@ -250,7 +265,9 @@ class BatchPolicy:
         # A probe's catch-up repays only if the draft turns out good: spread over the tokens left times those odds.
         slots = [replace(s, remaining=max(1, round(s.remaining * self.PROBE_ODDS))) if p else s
                  for s, p in zip(slots, probe)]
-        seconds, lines = self.costs.seconds, self.costs.lines()
+        doubt = len(slots) == 1 and self._doubts_price(slots[0])
+        lines = self.costs.lines(doubt_draft=doubt)
+        seconds = lambda sl, ks, ln: self.costs.seconds(sl, ks, ln, doubt_draft=doubt)  # noqa: E731
         steady = [replace(s, target_lag=1, draft_lag=min(s.draft_lag, 2)) for s in slots]
         commons = [[s.cap if s.fixed else min(k, s.cap) for s in slots] for k in range(self.k_max + 1)]
         rate = max(sum(g[k] for g, k in zip(gains, ks)) / max(seconds(steady, ks, lines), 1e-9) for ks in commons)
@@ -260,7 +277,32 @@ class BatchPolicy:
             if not s.fixed and s.cap > 0:
                 options = (0, min(self.PROBE_K, s.cap)) if probe[i] else range(s.cap + 1)
                 best[i] = max(options, key=lambda k: score(best[:i] + [k] + best[i + 1:]))
+        if doubt and best[0]:  # the forwards timed now price the draft, not the old ones
+            self.costs.draft.age(self.AGE)
+            self.costs.catchup.age(self.AGE)
         return best
+
+    def _doubts_price(self, s: SlotView) -> bool:
+        """Whether a lone slot re-exploring (see :meth:`_gains`) prices the
+        draft no dearer than the prior (:meth:`RoundCosts.lines`): when, at
+        the estimated acceptance and that price, drafting would beat plain
+        decoding by DOUBT_MARGIN in a steady round. This machine has phases
+        in which the draft's forwards alone slow, and drafting priced in one
+        stopped for good (simulator: 0.947 of the best K), as no draft
+        forward was timed again; the decoder's policy retries likewise
+        (:meth:`~specgguf.engine.policy.Trials.retry`). At a margin of 1.1,
+        the recorded poor drafts' early verdicts (0.6 on the first position)
+        passed, and their catch-ups cost 0.4-0.7% (simulator); at 1.2 no
+        trace but the two with phases changes.
+        """
+        r = self.regimes[s.regime]
+        if s.fixed or s.cap == 0 or r.idle < r.wait:
+            return False
+        steady = replace(s, target_lag=1, draft_lag=min(s.draft_lag, 2))
+        g = expected_tokens(s.cap, r.estimate.per_position(s.after_miss))
+        lines = self.costs.lines(doubt_draft=True)
+        rate = [g[k] / max(self.costs.seconds([steady], [k], lines, True), 1e-9) for k in range(s.cap + 1)]
+        return max(rate[1:]) > self.DOUBT_MARGIN * rate[0]
 
     def explain(self, regime: str) -> str:
         """One line on what a slot of ``regime`` would draft in a steady
