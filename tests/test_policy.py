@@ -453,3 +453,20 @@ def test_a_poor_draft_is_retried_rarely():
     policy = DraftPolicy(8, online_costs=True)
     ks = play(policy, 0.3, 1200, np.random.default_rng(2), [0.015 + 0.0075 * k for k in range(9)])
     assert sum(k > 0 for k in ks[200:]) <= 12
+
+
+def test_a_long_k_is_timed_only_if_it_could_pay():
+    """A drafting policy times K = k_max once (Arms.unspanned), but not a K
+    that would lose even at the optimistic acceptance and the prior's price:
+    with a middling draft (the Q2_K here) that round cost a first call 3-4%
+    for nothing. A good draft still gets its long K timed."""
+    times = [0.015] + [0.010 + 0.008 * k for k in range(1, 9)]  # at 0.7, K=1 wins (1.4x plain); K=8 cannot (0.65x)
+
+    def first_call(a: float):
+        policy = DraftPolicy(8, online_costs=True)
+        policy.acceptance.observe_skipped(a * 40, 40)  # a first probe's read-back of a 40-token prompt
+        return play(policy, a, 150, np.random.default_rng(3), times)
+
+    middling = first_call(0.7)
+    assert sum(k > 0 for k in middling) > 100 and 8 not in middling
+    assert 8 in first_call(0.95)[:40]

@@ -79,7 +79,8 @@ def test_auto_k_against_the_best_fixed_k(trace):
 FLOOR = {
     "here, good draft (0.9)": 0.98,
     "here, poor draft (0.55)": 0.985,
-    "board, draft 0.75": 0.98,
+    # 0.985 while a middling estimate still timed K=8 once (DraftPolicy._unspanned): 1.000.
+    "board, draft 0.75": 0.99,
     "here, acceptance 0.9 then 0.35": 0.975,
     "here, good draft, busy bursts": 0.965,
     # Drafting priced while the draft alone was slow, then tried again (DraftPolicy.retry): 1.094.
