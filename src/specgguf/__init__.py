@@ -23,7 +23,7 @@ _WHERE = {
     "DecoderStats": "engine.decoder", "SpeculativeDecoder": "engine.decoder",
     "Draft": "ops.drafter", "Drafter": "ops.drafter",
     "CrossDrafter": "ops.cross", "Vocab": "ops.cross", "VocabMap": "ops.cross",
-    "generate": "api", "SpeculativeLlama": "api", "GenerationResult": "api",
+    "generate": "api", "SpeculativeLlama": "api", "GenerationResult": "output",
     "DraftModel": "draft_model",
     **{name: "ops.verify" for name in ("accept", "accept_invariant", "accept_onehot", "accept_onehot_uniforms",
                                    "accept_uniforms", "get_kernel", "kernels", "race_pick", "race_uniforms",

@@ -15,14 +15,14 @@ import os
 import sys
 import threading
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import fields
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
 import llama_cpp
 
 from .completions import CompletionMethods
 from .config import GenerationConfig
-from .engine.decoder import SpeculativeDecoder, sources
+from .engine.decoder import SpeculativeDecoder
 from .engine.batch import Engine
 from .engine.learning import AUTO_K_MAX, Learning
 from .engine.lookup_first import LookupFirst
@@ -32,35 +32,7 @@ from .llama.model import InUse, ModelLike
 from .llama.pair import ModelPair
 from .ops.sampling import Sampler
 from .llama.text import Prompt, TextStream
-
-
-@dataclass
-class GenerationResult:
-    """What :func:`generate` returns: text, generated token ids, why it stopped, stats.
-
-    ``tokens`` are the generated tokens whose text is entirely in ``text``
-    (an end-of-generation token is never included; see :class:`TextStream`).
-    ``logprobs`` (when asked for): one ``(token, logprob, [(id, logprob)])``
-    per token of ``tokens``, under the target's raw logits. ``sources``: one
-    entry per token of ``tokens``, ``"draft"`` (a draft token the target
-    accepted) or ``"target"`` (a token the target produced itself).
-    """
-
-    text: str
-    tokens: List[int]
-    finish_reason: str
-    stats: Dict[str, Any] = field(default_factory=dict)
-    logprobs: Optional[List[tuple]] = None
-    sources: List[str] = field(default_factory=list)
-
-
-class Piece(str):
-    """A streamed text piece. ``sources`` and ``logprobs`` (when asked for)
-    cover the tokens whose text completed with it (see
-    :class:`GenerationResult`): a stream's pieces together carry the result's."""
-
-    sources: List[str] = []
-    logprobs: Optional[List[tuple]] = None
+from .output import GenerationResult, Pieces, result
 
 
 _SETTINGS = frozenset(f.name for f in fields(GenerationConfig))
@@ -253,19 +225,10 @@ class SpeculativeLlama(CompletionMethods):
 
     def _decode(self, tokens: Iterator[int], out: TextStream, should_stop, produced: List[int], keep: bool,
                 sampler: Sampler, stats):
-        """:class:`Piece` s of text from ``tokens`` until ``out`` or
+        """:class:`~specgguf.output.Piece` s of text from ``tokens`` until ``out`` or
         ``should_stop`` ends them (``stats``: the run's, with each token's
         provenance); the models are reset after an error unless ``keep``."""
-        clean, sent = False, [0]
-
-        def piece(text: str) -> Piece:
-            p = Piece(text)
-            done = out.n_tokens()  # the tokens whose text is now complete
-            p.sources = sources(stats.from_draft[sent[0]:done])
-            if sampler.logprobs is not None:
-                p.logprobs = sampler.logprobs.entries[sent[0]:done]
-            sent[0] = done
-            return p
+        clean, piece = False, Pieces(out, stats, sampler.logprobs)
         try:
             for tok in tokens:
                 produced.append(tok)
@@ -288,22 +251,10 @@ class SpeculativeLlama(CompletionMethods):
             if not (clean and keep) and self.engine is None:
                 self.reset()  # clean and usable after any exit, Ctrl-C included
 
-    def _result(self, dec, out: TextStream, tokens: List[int], n_prompt: int,
+    def _result(self, run, out: TextStream, tokens: List[int], n_prompt: int,
                 seconds: float, before: tuple) -> GenerationResult:
         spent = [b - a for a, b in zip(before, self.pair.timers())]
-        forwards, warp = sum(spent[:-1]), spent[-1]
-        n = len(tokens)
-        stats = dec.stats.as_dict()
-        after_first = seconds - stats["first_target_seconds"]  # the first round also read the prompt
-        stats.update(decode_tokens_per_second=(n - 1) / after_first if n > 1 and after_first > 0 else 0.0,
-                     context_full=out.finish_reason == "length" and n_prompt + dec.stats.emitted >= self.n_ctx,
-                     tokens_per_second=n / seconds if seconds else 0.0, seconds=seconds, completion_tokens=n,
-                     forward_seconds=forwards, warp_seconds=warp, overhead_seconds=seconds - forwards,
-                     prompt_tokens=n_prompt, finish_reason=out.finish_reason, verification=dec.sampler.rule)
-        lp = dec.sampler.logprobs
-        return GenerationResult(text=out.text, tokens=tokens, finish_reason=out.finish_reason, stats=stats,
-                                logprobs=None if lp is None else lp.entries[:n],
-                                sources=sources(dec.stats.from_draft[:n]))
+        return result(run, out, tokens, n_prompt, self.n_ctx, seconds, spent)
 
     def calibrate(self, progress=None) -> dict:
         """Measure this machine's forward costs for the pair and the draft's
