@@ -175,7 +175,7 @@ class Engine:
         if draft is not None and draft.slots != target.slots:
             raise ValueError(f"the draft has {draft.slots} slots, the target {target.slots}")
         self.target, self.draft, self.ngram = target, draft, ngram
-        self.policy = BatchPolicy(k_max)
+        self.policy = BatchPolicy(k_max, split=not getattr(target, "unified", True))
         self.slots = Slots(target)
         self.cond = threading.Condition()
         self.thread: Optional[threading.Thread] = None
@@ -246,7 +246,8 @@ class Engine:
             can = self.draft is not None or self.ngram is not None
             remaining = t.budget - t.stats.emitted
             cap = 0 if (t_lag > 1 or not can) else min(self.policy.k_max if t.k is None else t.k, remaining - 1)
-            views.append(SlotView(t.regime, max(0, cap), t.k is not None, t_lag, d_lag, remaining, t.after_miss))
+            views.append(SlotView(t.regime, max(0, cap), t.k is not None, t_lag, d_lag, remaining, t.after_miss,
+                                  t.slot))
         return views
 
     def _round(self, active: Sequence[Ticket]) -> None:
@@ -275,7 +276,8 @@ class Engine:
         rest = (t3 - t0) - (t2 - t1) - sum(f[1] for f in forwards)
         rows = sum(len(d.tokens) + 1 for d in drafts)
         self.policy.costs.observe_round(target_tokens, t2 - t1, forwards, rows, rest,
-                                        prompt=any(v.target_lag > 1 for v in views))
+                                        prompt=any(v.target_lag > 1 for v in views),
+                                        passes=self.policy.costs.passes(views, [len(d.tokens) for d in drafts]))
         self.policy.round_done({t.regime for t, d in zip(active, drafts) if d.tokens})
 
     def _draft(self, active: Sequence[Ticket], ks: Sequence[int]) -> tuple:

@@ -20,10 +20,30 @@ steeper in total tokens than the draft's savings, so K shrinks by itself.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from .acceptance import AcceptanceEstimate
 from .policy import Delivered, DraftPolicy, Trials, expected_tokens, why_line
+
+
+def ubatches(counts: Sequence[Tuple[int, int]]) -> int:
+    """How many ubatches (passes over the weights) a split KV cache's
+    ``llama_decode`` makes of a batch with ``counts``: ``(sequence id,
+    tokens)`` in the batch's order, ids increasing. As llama.cpp's
+    ``split_equal`` (sequential): each ubatch takes the run of consecutive
+    ids from the first sequence with tokens left, the same number of tokens
+    from each (the fewest any has left). Equal counts over consecutive ids:
+    one; a sequence left out or one with more tokens: another."""
+    left = [(s, n) for s, n in counts if n > 0]
+    passes = 0
+    while left:
+        run = 1
+        while run < len(left) and left[run][0] == left[run - 1][0] + 1:
+            run += 1
+        m = min(n for _, n in left[:run])
+        left = [(s, n - m) for s, n in left[:run] if n > m] + left[run:]
+        passes += 1
+    return passes
 
 
 class LineFit:
@@ -85,6 +105,7 @@ class SlotView:
         draft_lag: tokens its draft cache lacks (catch-up before its first draft).
         remaining: tokens it may still emit.
         after_miss: its last round ended in a rejection.
+        slot: its sequence id (with a split target cache, which ubatches a round makes).
     """
 
     regime: str
@@ -94,6 +115,7 @@ class SlotView:
     draft_lag: int
     remaining: int
     after_miss: bool = False
+    slot: int = 0
 
 
 class RoundCosts:
@@ -104,7 +126,8 @@ class RoundCosts:
     DRAFT_PRIOR = 0.5     # before any draft forward is timed: a draft token costs half a target token
     STEADY = 2            # draft tokens a sequence in a forward without catch-up (its last draft and the bonus)
 
-    def __init__(self) -> None:
+    def __init__(self, split: bool = False) -> None:
+        self.split = split  # the target's KV cache has a stream per slot: a round may take several passes
         self.target, self.draft = LineFit(), LineFit()
         self.catchup = LineFit()  # the draft's forwards that catch up (a prompt, plain rounds' tokens)
         self.rows = LineFit()  # the rest of a round, by the rows verified (each slot's K + 1)
@@ -139,7 +162,7 @@ class RoundCosts:
         catch-ups priced at the draft line's rate, if lower."""
         (at, bt), (ad, bd), (ar, br) = lines or self.lines(doubt_draft)
         n = sum(ks)
-        t = at + bt * (sum(s.target_lag for s in slots) + n) + ar + br * (n + len(slots))
+        t = at * self.passes(slots, ks) + bt * (sum(s.target_lag for s in slots) + n) + ar + br * (n + len(slots))
         if n:
             first = extra = later = 0.0
             for s, k in zip(slots, ks):
@@ -155,8 +178,16 @@ class RoundCosts:
             t += ad * max(ks) + bd * (first + later) + extra
         return t
 
+    def passes(self, slots: Sequence[SlotView], ks: Sequence[int]) -> int:
+        """The target's passes over its weights in a round drafting ``ks``
+        for ``slots`` (in slot order): one, or with a split cache
+        :func:`ubatches`' count (a pass costs the target line's intercept)."""
+        if not self.split or len(slots) < 2:
+            return 1
+        return ubatches([(s.slot, s.target_lag + k) for s, k in zip(slots, ks)])
+
     def observe_round(self, target_tokens: int, target_seconds: float, draft_forwards: Sequence[tuple],
-                      rows: int, other_seconds: float, prompt: bool = False) -> None:
+                      rows: int, other_seconds: float, prompt: bool = False, passes: int = 1) -> None:
         """One round's measured pieces: the target's forward over
         ``target_tokens`` (``prompt``: it also read a prompt), each draft
         forward ``(tokens, seconds, sequences)``, and the rest of the round,
@@ -170,8 +201,10 @@ class RoundCosts:
         150 ms where it took 225, the policy promised 1.7x plain decoding,
         drafted K=8 and delivered 1.15x, below a fixed K=6. Priced at the
         steady line instead, a catch-up looked so dear that a new request
-        never drafted (its lag grows each plain round)."""
-        if not prompt:
+        never drafted (its lag grows each plain round). A round the split
+        cache cut into several ``passes`` fits none of the lines' target part
+        (the line is one pass's)."""
+        if not prompt and passes == 1:
             self.target.observe(target_tokens, target_seconds)
         for n, sec, seqs in draft_forwards:
             (self.draft if n <= self.STEADY * seqs else self.catchup).observe(n, sec)
@@ -191,7 +224,13 @@ class Regime:
 
 
 class BatchPolicy:
-    """Per-slot K for the engine's rounds, from measured forward costs."""
+    """Per-slot K for the engine's rounds, from measured forward costs.
+
+    Args:
+        k_max: the largest K a slot drafts.
+        split: the target's KV cache has a stream per slot (a round whose
+            slots carry unequal counts takes several passes: :func:`ubatches`).
+    """
 
     PROBE_K = 3           # while a regime's acceptance is unknown, its slots draft this many
     PROBE_EVIDENCE = 16   # draft positions verified before the estimate is trusted
@@ -203,9 +242,9 @@ class BatchPolicy:
     DOUBT_MARGIN = 1.2   # and only if drafting would win by this at the estimated acceptance and the prior's price
     AGE = 0.1             # what a re-exploration that drafts keeps of the draft's timed forwards
 
-    def __init__(self, k_max: int = 8) -> None:
+    def __init__(self, k_max: int = 8, split: bool = False) -> None:
         self.k_max = k_max
-        self.costs = RoundCosts()
+        self.costs = RoundCosts(split)
         self.regimes: Dict[str, Regime] = {}
 
     def estimate(self, regime: str, prior: Optional[float] = None,

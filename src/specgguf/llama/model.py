@@ -115,17 +115,25 @@ def machine_id(n_threads: int) -> str:
     return f"{platform.machine()}|{cpu}|{os.cpu_count()}|llama {llama_cpp.__version__} {build}|threads {n_threads}"
 
 
-def slot_context(llm: "llama_cpp.Llama", slots: int, slot_ctx: int):
+def slot_context(llm: "llama_cpp.Llama", slots: int, slot_ctx: int, unified: bool = True):
     """A llama.cpp context over ``llm``'s weights with room for ``slots``
-    sequences of ``slot_ctx`` tokens each, in one unified KV cache (as
-    llama-server's default): a batch mixing the sequences' tokens, a
-    different number per sequence, runs as one ubatch (a split KV cache
-    splits such a batch into one ubatch per distinct count). Settings
-    (threads, flash attention, batch size) are ``llm``'s own."""
+    sequences of ``slot_ctx`` tokens each. Settings (threads, flash
+    attention, batch size) are ``llm``'s own.
+
+    ``unified``: one KV cache for every sequence (llama-server's default
+    with automatic slots): a batch of the sequences' tokens, a different
+    number per sequence, runs as one ubatch, but each token's attention
+    walks every cached cell, other sequences' too (a slot's text is kept
+    for its conversation's next turn). Not unified: a KV stream per
+    sequence (llama-server's with ``-np N``): attention reads a sequence's
+    own cells only, and llama.cpp cuts a batch into ubatches of equal
+    counts over runs of consecutive sequence ids
+    (:func:`specgguf.engine.batch_policy.ubatches`), one
+    pass over the weights each."""
     params = llama_cpp.llama_context_params.from_buffer_copy(llm.context_params)
     params.n_ctx = slots * slot_ctx
     params.n_seq_max = slots
-    params.kv_unified = True
+    params.kv_unified = unified
     ctx = llama_cpp.llama_init_from_model(llm.model, params)
     if not ctx:
         raise MemoryError(f"llama.cpp could not make a context for {slots} sequences of {slot_ctx} tokens "
@@ -178,12 +186,15 @@ class LlamaModel:
         slots: sequences held at once; above 1 the model gets a context of
             its own (:func:`slot_context`) and ``llm``'s stays unused.
         slot_ctx: tokens per sequence (slots > 1; default ``llm``'s n_ctx).
+        unified: one KV cache for every slot, or a stream per slot (see
+            :func:`slot_context`; with one slot they are the same).
     """
 
     def __init__(self, llm: "llama_cpp.Llama", n_vocab: Optional[int] = None, slots: int = 1,
-                 slot_ctx: Optional[int] = None) -> None:
+                 slot_ctx: Optional[int] = None, unified: bool = True) -> None:
         self.llm = llm
-        self.own_ctx = slot_context(llm, slots, slot_ctx or llm.n_ctx()) if slots > 1 else None
+        self.unified = unified or slots == 1
+        self.own_ctx = slot_context(llm, slots, slot_ctx or llm.n_ctx(), unified) if slots > 1 else None
         self.ctx = self.own_ctx or llm.ctx
         self.vocab = llama_cpp.llama_model_get_vocab(llm.model)
         self.model_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
