@@ -345,6 +345,29 @@ def test_a_request_whose_draft_lags_its_prompt_drafts_when_the_catch_up_repays()
     assert p.choose([SlotView("greedy", 8, False, 1, 20, 2)]) == [0]  # two tokens left: not worth it
 
 
+def test_a_new_request_fills_a_gap_and_a_next_turn_goes_back_to_its_slot(pairs):
+    """With a stream per slot, each run of consecutive busy slots is a pass
+    every round: a request sharing only a few tokens with a slot's cache
+    fills the gap next to the busy slots; one sharing more than RUN_TOKENS
+    (a conversation's next turn) goes back to its slot."""
+    from specgguf.engine.batch import Slots, Ticket
+    from specgguf.ops.sampling import Sampler
+    many, _ = pairs
+    m = many.pair.target.model
+    assert not m.unified and m.slots == 3
+    m.reset()
+    long_text = many.tokenize(" ".join(MORE) * 8)[:Slots.RUN_TOKENS + 60]
+    assert len(long_text) == Slots.RUN_TOKENS + 60
+    m.eval_many([(0, many.tokenize(PROMPTS[0]), 1), (2, long_text, 1)])
+    slots = Slots(m)
+    ticket = lambda ids: Ticket(ids, 4, frozenset(), Sampler(), "greedy", None, lambda: None)  # noqa: E731
+    slots.running[0] = ticket(many.tokenize(PROMPTS[0]))  # slot 0 busy; 1 and 2 free
+    few = long_text[:20] + many.tokenize(" something else")
+    assert slots._place(ticket(few), [1, 2]) == 1  # 20 tokens kept are not worth a second pass
+    assert slots._place(ticket(long_text + many.tokenize(" more")), [1, 2]) == 2  # a next turn
+    m.reset()
+
+
 def test_a_next_turn_reports_the_prompt_tokens_its_slot_held(pairs):
     """usage.prompt_tokens_details.cached_tokens on the engine's path: a
     conversation's next turn finds its earlier prompt in a slot."""

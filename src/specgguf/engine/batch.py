@@ -112,6 +112,8 @@ class Slots:
             caches, which decide where a waiting request goes.
     """
 
+    RUN_TOKENS = 256  # a run's pass (about a target token's time, every round) against prompt tokens kept
+
     def __init__(self, target: LlamaModel) -> None:
         self.target = target
         self.running: List[Optional[Ticket]] = [None] * target.slots
@@ -146,7 +148,7 @@ class Slots:
         self._admit()
 
     def _admit(self) -> None:
-        """Waiting requests into free slots, each to the one whose cache shares most with it."""
+        """Waiting requests into free slots (:meth:`_place`)."""
         while self.waiting:
             free = [i for i, t in enumerate(self.running) if t is None]
             if not free:
@@ -155,9 +157,25 @@ class Slots:
             if t.cancelled:
                 t.queue.put(_END)
                 continue
-            t.slot = max(free, key=lambda i: common_prefix(self.target.cache[i], t.ids))
+            t.slot = self._place(t, free)
             t.cached = max(0, len(t.ids) - self.target.lag(t.ids, t.slot))
             self.running[t.slot] = t
+
+    def _place(self, t: Ticket, free: List[int]) -> int:
+        """The free slot whose cache shares most with ``t``'s prompt, less
+        RUN_TOKENS for each run of consecutive busy slots it leaves (a split
+        target cache makes a pass per run, every round: see
+        :func:`~specgguf.engine.batch_policy.ubatches`). A conversation's
+        next turn shares far more with its slot than RUN_TOKENS and goes
+        back to it; a new request, which shares the chat template's few
+        tokens with any slot, fills a gap between busy slots instead."""
+        busy = [i for i, x in enumerate(self.running) if x is not None]
+
+        def runs(i: int) -> int:
+            s = sorted(busy + [i])
+            return 1 + sum(b != a + 1 for a, b in zip(s, s[1:]))
+        cost = 0 if getattr(self.target, "unified", True) else self.RUN_TOKENS
+        return max(free, key=lambda i: common_prefix(self.target.cache[i], t.ids) - cost * runs(i))
 
 
 class Engine:
