@@ -280,6 +280,9 @@ def test_the_batch_policy_probes_an_unknown_draft_and_reads_nothing_before_a_for
     p.costs.draft.observe(1, 0.005)
     p.costs.draft.observe(30, 0.02)
     assert max(p.choose(views)) == BatchPolicy.PROBE_K  # acceptance unknown: a bounded probe
+    # One slot's probe informs every slot of its regime: the others wait for it.
+    many = [SlotView("greedy", 8, False, 1, 1, 100, slot=i) for i in range(4)]
+    assert sorted(p.choose(many)) == [0, 0, 0, BatchPolicy.PROBE_K]
 
 
 def test_the_batch_policy_forgets_an_estimate_the_text_contradicts():
