@@ -300,17 +300,7 @@ class BatchPolicy:
             return [s.cap if s.fixed else 0 for s in slots]
         known: Dict[tuple, List[float]] = {}
         gains = [known.setdefault((s.regime, s.after_miss, s.cap), self._gains(s, len(slots) == 1)) for s in slots]
-        probe = [s.cap > 0 and not s.fixed and not self._known(s.regime) for s in slots]
-        # Acceptance is pooled per regime: one slot's probe informs them all. Each of
-        # 8 new requests probing at once (each with its prompt to catch up on) read
-        # 0.65 of k=0 on a fresh engine's first batch.
-        first = {}
-        for i, s in enumerate(slots):
-            if probe[i] and first.setdefault(s.regime, i) != i:
-                probe[i], slots = False, [*slots[:i], replace(s, cap=0), *slots[i + 1:]]
-        # A probe's catch-up repays only if the draft turns out good: spread over the tokens left times those odds.
-        slots = [replace(s, remaining=max(1, round(s.remaining * self.PROBE_ODDS))) if p else s
-                 for s, p in zip(slots, probe)]
+        slots, probe = self._probes(slots)
         doubt = len(slots) == 1 and self._doubts_price(slots[0])
         lines = self.costs.lines(doubt_draft=doubt)
         seconds = lambda sl, ks, ln: self.costs.seconds(sl, ks, ln, doubt_draft=doubt)  # noqa: E731
@@ -327,6 +317,26 @@ class BatchPolicy:
             self.costs.draft.age(self.AGE)
             self.costs.catchup.age(self.AGE)
         return best
+
+    def _probes(self, slots: Sequence[SlotView]) -> tuple:
+        """``(slots, probe)``: which slots probe an unknown regime, and the
+        slots as :meth:`choose` weighs them. Acceptance is pooled per regime,
+        so one slot's probe informs them all: the others of its regime wait
+        (cap 0; each of 8 new requests probing at once, each with its prompt
+        to catch up on, read 0.65 of k=0 on a fresh engine's first batch). A
+        probe's catch-up repays only if the draft turns out good: it is
+        spread over the tokens left times PROBE_ODDS."""
+        out, probe, first = [], [], set()
+        for s in slots:
+            p = s.cap > 0 and not s.fixed and not self._known(s.regime)
+            if p and s.regime in first:
+                p, s = False, replace(s, cap=0)
+            elif p:
+                first.add(s.regime)
+                s = replace(s, remaining=max(1, round(s.remaining * self.PROBE_ODDS)))
+            out.append(s)
+            probe.append(p)
+        return out, probe
 
     def _doubts_price(self, s: SlotView) -> bool:
         """Whether a lone slot re-exploring (see :meth:`_gains`) prices the
