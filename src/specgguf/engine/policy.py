@@ -269,17 +269,18 @@ class DraftPolicy:
             self.drafting = False
             k = 0
         elif self.online and steady:
-            k = self._unspanned() or k
+            k = self._unspanned(r[0]) or k
         return k
 
-    def _unspanned(self) -> int:
+    def _unspanned(self, plain: float) -> int:
         """:meth:`Arms.unspanned`'s K, if at the optimistic acceptance and the
-        prior's price (anchored at plain decoding's time) it would beat plain
-        decoding. A K that loses even so is not worth timing: with the Q2_K
-        draft (0.7) the K=8 round cost a first call 3-4% for nothing."""
+        prior's price (anchored at plain decoding's time) it would beat
+        ``plain`` decoding's rate. A K that loses even so is not worth timing:
+        with the Q2_K draft (0.7) the K=8 round cost a first call 3-4% for nothing."""
         u = self.arms.unspanned()
-        could = self.rates([self.acceptance.optimistic()] * self.k_max, self.arms.prior_time)
-        return u if u and could[u] > self.rates()[0] else 0
+        if not u:
+            return 0
+        return u if self.rates([self.acceptance.optimistic()] * self.k_max, self.arms.prior_time)[u] > plain else 0
 
     def _losing(self) -> bool:
         """The guard: recent drafting rounds delivered fewer tokens per second
