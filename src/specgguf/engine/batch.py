@@ -116,6 +116,7 @@ class Slots:
 
     def __init__(self, target: LlamaModel) -> None:
         self.target = target
+        self.split = not target.unified  # a KV stream per slot: each run of busy slots is a pass
         self.running: List[Optional[Ticket]] = [None] * target.slots
         self.waiting: Deque[Ticket] = deque()
 
@@ -174,7 +175,7 @@ class Slots:
         def runs(i: int) -> int:
             s = sorted(busy + [i])
             return 1 + sum(b != a + 1 for a, b in zip(s, s[1:]))
-        cost = 0 if getattr(self.target, "unified", True) else self.RUN_TOKENS
+        cost = self.RUN_TOKENS if self.split else 0
         return max(free, key=lambda i: common_prefix(self.target.cache[i], t.ids) - cost * runs(i))
 
 
@@ -193,8 +194,8 @@ class Engine:
         if draft is not None and draft.slots != target.slots:
             raise ValueError(f"the draft has {draft.slots} slots, the target {target.slots}")
         self.target, self.draft, self.ngram = target, draft, ngram
-        self.policy = BatchPolicy(k_max, split=not getattr(target, "unified", True))
         self.slots = Slots(target)
+        self.policy = BatchPolicy(k_max, split=self.slots.split)
         self.cond = threading.Condition()
         self.thread: Optional[threading.Thread] = None
 

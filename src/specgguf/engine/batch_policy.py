@@ -117,6 +117,10 @@ class SlotView:
     after_miss: bool = False
     slot: int = 0
 
+    def steady(self) -> "SlotView":
+        """The slot in a steady round: no prompt to read, no catch-up beyond the usual."""
+        return replace(self, target_lag=1, draft_lag=min(self.draft_lag, 2))
+
 
 class RoundCosts:
     """A round's wall time in the tokens and rows it processes: lines fitted
@@ -304,7 +308,7 @@ class BatchPolicy:
         doubt = len(slots) == 1 and self._doubts_price(slots[0])
         lines = self.costs.lines(doubt_draft=doubt)
         seconds = lambda sl, ks, ln: self.costs.seconds(sl, ks, ln, doubt_draft=doubt)  # noqa: E731
-        steady = [replace(s, target_lag=1, draft_lag=min(s.draft_lag, 2)) for s in slots]
+        steady = [s.steady() for s in slots]
         commons = [[s.cap if s.fixed else min(k, s.cap) for s in slots] for k in range(self.k_max + 1)]
         rate = max(sum(g[k] for g, k in zip(gains, ks)) / max(seconds(steady, ks, lines), 1e-9) for ks in commons)
         score = lambda ks: sum(g[k] for g, k in zip(gains, ks)) - rate * seconds(slots, ks, lines)  # noqa: E731
@@ -354,7 +358,7 @@ class BatchPolicy:
         r = self.regimes[s.regime]
         if s.fixed or s.cap == 0 or r.idle < r.wait:
             return False
-        steady = replace(s, target_lag=1, draft_lag=min(s.draft_lag, 2))
+        steady = s.steady()
         g = expected_tokens(s.cap, r.estimate.per_position(s.after_miss))
         lines = self.costs.lines(doubt_draft=True)
         rate = [g[k] / max(self.costs.seconds([steady], [k], lines, True), 1e-9) for k in range(s.cap + 1)]
