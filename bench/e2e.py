@@ -39,7 +39,7 @@ import numpy as np
 
 from specgguf.llama import models
 from specgguf.api import SpeculativeLlama
-from specgguf.engine.arms import CostModel
+from specgguf.engine.calibration import ForwardCosts
 from specgguf.speed import ceiling, fixed_k_ceiling, per_token_acceptance, steady  # the figures `specgguf bench` prints
 
 PROMPTS = [
@@ -57,17 +57,16 @@ KEYS = ("seconds", "draft_seconds", "target_seconds", "verify_seconds", "warp_se
         "drafted", "accepted", "rounds", "completion_tokens")
 
 
-def run_costs(res, bases, k, calibrated: CostModel) -> CostModel:
+def run_costs(res, bases, k, calibrated: ForwardCosts) -> ForwardCosts:
     """The costs these generations measured (see the module docstring)."""
     t1 = steady(bases, "target_seconds")
     if k == "auto":
         f = t1 / calibrated.target[0]
         first = None if calibrated.draft_first is None else calibrated.draft_first * f
-        return CostModel(calibrated.draft * f, [t * f for t in calibrated.target], True, calibrated.draft_prefill * f,
-                         first)
+        return ForwardCosts(calibrated.draft * f, [t * f for t in calibrated.target], calibrated.draft_prefill * f, first)
     draft = sum(s["draft_seconds"] for s in res) / max(1, sum(s["drafted"] for s in res))
     target = [t1] + [t1] * (k - 1) + [steady(res, "target_seconds")]
-    return CostModel(draft, target, True)
+    return ForwardCosts(draft, target)
 
 
 def run(spec, base, ids, n, reps, **kw):
@@ -110,13 +109,12 @@ HEADER = (f"{'configuration':<30} {'tok/s':>6} {'base':>6} {'ratio':>6} {'median
           f"{'eff':>5} {'draft%':>6} {'target%':>7} {'outside%':>6}  most chosen K (K: rounds)")
 
 
-def copy_heavy(spec, base, good_costs: CostModel, args) -> None:
+def copy_heavy(spec, base, good_costs: ForwardCosts, args) -> None:
     """Greedy rows on a prompt whose answer mostly copies it: n-gram drafting's regime."""
     print("\n-- copy-heavy prompt (rename variables in code), greedy")
     print(HEADER)
     copy_ids = [base.tokenize([{"role": "user", "content": COPY_PROMPT}])]
-    ngram_costs = CostModel(draft=1e-5 * good_costs.target[0], target=good_costs.target, seconds=True,
-                            draft_prefill=0.0)
+    ngram_costs = ForwardCosts(draft=1e-5 * good_costs.target[0], target=good_costs.target)
     for k in ["auto", 4]:
         row(f"ngram k={k}", *run(spec["ngram"], base, copy_ids, args.tokens, args.reps, k=k), ngram_costs, k)
     row("good k=auto", *run(spec["good"], base, copy_ids, args.tokens, args.reps, k="auto"), good_costs, "auto")
@@ -152,7 +150,7 @@ def main():
     costs = {}
     for which in ("good", "poor"):
         cal = spec[which].calibrate(progress=lambda m: None)
-        costs[which] = CostModel.from_dict(cal["costs"])
+        costs[which] = ForwardCosts.from_dict(cal["costs"])
         c, a = costs[which], cal["acceptance"]
         print(f"{which} draft, measured as a round runs them: target T(1..9) "
               f"{' '.join(f'{t * 1e3:.1f}' for t in c.target)} ms, draft: a round's first token "

@@ -1,15 +1,15 @@
 """k="auto" in the offline simulator: each trace against the best fixed K in
 hindsight and against plain decoding, from a fresh state and from a poisoned
-one (costs stored while another process held the CPU: the draft's 3x, the
-target's 1.5x: a record that says drafting loses). No
-model runs; a policy is judged here before it is benchmarked.
+one (stored evidence that the draft accepts 0.1, as a run whose text did not
+suit the draft leaves it: a record that says drafting loses). No model runs;
+a policy is judged here before it is benchmarked.
 
 Traces: the synthetic regimes of specgguf.engine.simulator.regimes(), and the
 recorded traces in tests/data/ (bench/record_trace.py).
 
-With --engine, the same traces through the engine's policy (serve with
-parallel > 1: one request at a time, each new to its slot), fresh only: the
-engine keeps no stored round times to poison.
+With --engine, the same traces as the engine runs them (serve with
+parallel > 1: one request at a time, each new to its slot, no prompt
+measurement), from a fresh engine.
 
     .venv/bin/python bench/simulate.py [--seeds 3] [--engine]
 """
@@ -44,7 +44,7 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for t in traces:
         fresh = simulator.score(t, seeds)
-        bad = simulator.score(t, seeds, poison=simulator.busy_record(t))
+        bad = simulator.score(t, seeds, poison=simulator.poor_record(t))
         print(f"| {t.name} | {statistics.median(fresh['vs_oracle']):.3f} (min {min(fresh['vs_oracle']):.3f}) | "
               f"{statistics.median(fresh['best_k'])} | {statistics.median(fresh['vs_plain']):.3f} | "
               f"{statistics.median(bad['vs_oracle']):.3f} (min {min(bad['vs_oracle']):.3f}) |", flush=True)

@@ -5,7 +5,7 @@ import pytest
 
 import specgguf
 from specgguf.ops.drafter import CallbackDrafter
-from specgguf.engine.policy import DraftPolicy
+from specgguf.engine.policy import Policy
 
 V = 64
 
@@ -116,17 +116,17 @@ def test_policy_is_told_what_remains_and_what_the_draft_has_not_seen():
     against what is left, so the decoder must report both exactly."""
     schedule = [4, 4, 0, 0, 4, 3, 0, 2]
 
-    class Recording(DraftPolicy):
+    class Recording(Policy):
         def __init__(self):
             super().__init__(8)
             self.calls, self.rounds = [], []
 
-        def choose(self, remaining=None, skipped=0):
+        def choose(self, slots):
             k = schedule[len(self.calls) % len(schedule)]
-            self.calls.append((remaining, skipped))
-            return k
+            self.calls.append((slots[0].remaining, slots[0].draft_lag))
+            return [min(k, slots[0].cap)]
 
-        def update(self, drafted, accepted, *args):
+        def observe(self, regime, drafted, accepted, *args):
             self.rounds.append((drafted, accepted))
 
     prompt = [1, 2, 3, 4, 5, 6, 7]
@@ -145,9 +145,11 @@ def test_policy_is_told_what_remains_and_what_the_draft_has_not_seen():
     assert policy.calls[4][1] >= 3            # after two plain rounds the lag has grown
 
 
-def test_a_drafts_read_back_reaches_the_policy():
+def test_a_drafts_read_back_and_its_forwards_reach_the_policy():
     """What a drafter read back while catching up (Draft.catchup) is handed
-    to the policy with the round it belongs to."""
+    to the policy with the round it belongs to, and each round's forwards
+    as the policy prices rounds (a drafter that does not time its own: its
+    time shared among its tokens, the first over its lag)."""
     class ReadingBack(CallbackDrafter):
         def propose(self, context, k, p_min=None):
             lag = self.lag(context)
@@ -155,21 +157,25 @@ def test_a_drafts_read_back_reaches_the_policy():
             draft.catchup = (0.5 * lag, lag) if lag > 2 else None
             return draft
 
-    class Recording(DraftPolicy):
+    class Recording(Policy):
         def __init__(self):
             super().__init__(8)
-            self.seen = []
+            self.lags, self.forwards = [], []
 
-        def choose(self, remaining=None, lag=0):
-            self.lags = getattr(self, "lags", []) + [lag]
-            return [0, 0, 0, 3, 3][len(self.lags) % 5]
+        def choose(self, slots):
+            self.lags.append(slots[0].draft_lag)
+            return [min(slots[0].cap, [0, 0, 0, 3, 3][len(self.lags) % 5])]
 
-        def update(self, drafted, accepted, *args, **kwargs):
-            self.seen.append((drafted, args[3] if len(args) > 3 else kwargs.get("catchup")))
+        def round_done(self, slots, ks, m):
+            self.forwards.append((ks[0], [n for n, _, _ in m.draft_forwards]))
+            super().round_done(slots, ks, m)
 
     policy = Recording()
-    dec = specgguf.SpeculativeDecoder(ReadingBack(make_draft(0.6)), target_step, k=policy)
+    est, read = policy.acceptance("greedy"), []
+    skipped = est.observe_skipped
+    est.observe_skipped = lambda a, n: (read.append((a, n)), skipped(a, n))
+    dec = specgguf.SpeculativeDecoder(ReadingBack(make_draft(0.6)), target_step, k=policy, regime="greedy")
     dec.generate([1, 2, 3], max_new=20)
-    for lag, (drafted, catchup) in zip(policy.lags, policy.seen):
-        assert catchup == ((0.5 * lag, lag) if drafted and lag > 2 else None)
-    assert any(c for _, c in policy.seen) and any(d and not c for d, c in policy.seen)
+    drafted = [(lag, k, f) for lag, (k, f) in zip(policy.lags, policy.forwards) if k]
+    assert drafted and all(f == [lag] + [1] * (k - 1) for lag, k, f in drafted)
+    assert read == [(0.5 * lag, lag) for lag, _, _ in drafted if lag > 2] and read

@@ -9,7 +9,8 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-from specgguf.engine.batch_policy import BatchPolicy, LineFit, SlotView, ubatches  # noqa: E402
+from specgguf.engine.policy import Policy, Regime, SlotView  # noqa: E402
+from specgguf.llama.model import ubatches  # noqa: E402
 from tests.conftest import PROMPTS, greedy_near_tie  # noqa: E402
 
 MORE = PROMPTS + ["List the planets of the solar system with one fact each."]
@@ -209,32 +210,18 @@ def test_calibrate_needs_one_slot(pairs):
         many.calibrate()
 
 
-# ---- the batch policy -----------------------------------------------------------------
-
-def test_a_line_fit_recovers_forward_costs_and_falls_back_to_its_prior_slope():
-    f = LineFit()
-    assert f(4) == 0.0 and not f.known
-    for n in (1, 5, 9, 1, 40, 4):
-        f.observe(n, 0.010 + 0.002 * n)
-    a, b = f.line()
-    assert abs(a - 0.010) < 1e-9 and abs(b - 0.002) < 1e-9
-    g = LineFit()
-    for _ in range(5):
-        g.observe(4, 0.05)
-    a, b = g.line()
-    assert abs(a + 4 * b - 0.05) < 1e-12 and abs(b - LineFit.SLOPE_PRIOR * a) < 1e-12
-
+# ---- the policy over several slots -----------------------------------------------------
 
 def _policy(target, draft, acceptance, split=False):
-    p = BatchPolicy(8, split=split)
+    p = Policy(8, passes=ubatches if split else None)
     for n in (1, 2, 4, 8, 16, 32):
         p.costs.target.observe(n, target(n))
         p.costs.draft.observe(n, draft(n))
-    p.estimate("greedy").add_prior(acceptance, 1000)  # well known: 1000 positions
+    p.measured("greedy", acceptance, 1000)  # well known: 1000 positions
     return p
 
 
-def test_the_batch_policy_drafts_where_it_pays_and_less_under_load():
+def test_the_policy_drafts_where_it_pays_and_less_under_load():
     # A board: a target forward costs nearly the same for 1 or 9 tokens, the draft a twentieth.
     board = _policy(lambda n: 0.100 + 0.001 * n, lambda n: 0.005 + 0.0005 * n, 0.85)
     view = lambda n: [SlotView("greedy", 8, False, 1, 1, 100)] * n  # noqa: E731
@@ -268,60 +255,8 @@ def test_with_a_stream_per_slot_the_policy_prices_every_pass():
     assert ks[0] == ks[1] > 0, ks
     assert board(False).choose(views)[0] > ks[0]  # one cache: the longer K where it pays
     costs = board(True).costs
-    assert costs.seconds(views, [4, 2]) - costs.seconds(views, [2, 2]) > 0.09  # another pass
-
-
-def test_the_batch_policy_probes_an_unknown_draft_and_reads_nothing_before_a_forward():
-    p = BatchPolicy(8)
-    views = [SlotView("greedy", 8, False, 1, 1, 100)] * 2
-    assert p.choose(views) == [0, 0]  # no forward timed yet: plain
-    p.costs.target.observe(1, 0.1)
-    p.costs.target.observe(30, 0.13)
-    p.costs.draft.observe(1, 0.005)
-    p.costs.draft.observe(30, 0.02)
-    assert max(p.choose(views)) == BatchPolicy.PROBE_K  # acceptance unknown: a bounded probe
-    # One slot's probe informs every slot of its regime: the others wait for it.
-    many = [SlotView("greedy", 8, False, 1, 1, 100, slot=i) for i in range(4)]
-    assert sorted(p.choose(many)) == [0, 0, 0, BatchPolicy.PROBE_K]
-
-
-def test_the_batch_policy_forgets_an_estimate_the_text_contradicts():
-    """Drafting rounds that deliver under GUARD of the tokens the estimate
-    promised (the text stopped suiting the draft: deeper positions, rarely
-    reached now, kept their old 0.9) make the policy mostly forget what it
-    knew, as DraftPolicy's guard does; without it a draft that had turned
-    poor was retried after every plain round (simulator: 0.95 of plain)."""
-    p = _policy(lambda n: 0.100 + 0.001 * n, lambda n: 0.005 + 0.0005 * n, 0.9)
-    est = p.estimate("greedy")
-    before = est.totals()[1]
-    assert p.choose([SlotView("greedy", 8, False, 1, 1, 100)])[0] >= 4
-    for _ in range(5):
-        p.observe("greedy", 6, 0, False)  # rejected at once, round after round
-    assert est.totals()[1] < 0.3 * before
-    q = _policy(lambda n: 0.100 + 0.001 * n, lambda n: 0.005 + 0.0005 * n, 0.9)
-    for _ in range(20):  # what was promised, about
-        q.observe("greedy", 4, 3, False)
-        q.observe("greedy", 4, 4, False)
-    assert q.regimes["greedy"].delivered.rounds > 4.9  # its record of 40 rounds never cleared: the guard kept quiet
-
-
-def test_prompts_and_catch_ups_do_not_bend_the_round_lines():
-    """A prompt's forward and a draft's catch-up cost less per token than a
-    round's. Fitted with the rounds, they flattened both lines (K=8 looked
-    cheap: a promised 1.7x delivered 1.15x); priced at a round's rate, a
-    catch-up kept a new request from ever drafting (its lag grows with
-    each plain round). Now they are kept apart."""
-    p = BatchPolicy(8)
-    target = lambda n: 0.030 + 0.006 * n  # noqa: E731  (rounds of 1..9 tokens)
-    draft = lambda n: 0.007 + 0.009 * n  # noqa: E731
-    for n in (1, 5, 9, 1, 9, 3):
-        p.costs.observe_round(n, target(n), [(2, draft(2), 1)] + [(1, draft(1), 1)] * (n - 1), n, 0.0)
-    p.costs.observe_round(41, 0.2, [(40, 0.1, 1)], 1, 0.0, prompt=True)  # 5 and 2.5 ms a token
-    (at, bt), (ad, bd), _ = p.costs.lines()
-    assert abs(bt - 0.006) < 1e-9 and abs(bd - 0.009) < 1e-9, p.costs.lines()
-    assert p.costs.catchup.known
-    p.estimate("greedy").add_prior(0.9, 1000)
-    assert p.choose([SlotView("greedy", 8, False, 1, 40, 128)])[0] > 0  # a draft 40 tokens behind drafts
+    lines = costs.lines()
+    assert costs.seconds(views, [4, 2], lines) - costs.seconds(views, [2, 2], lines) > 0.09  # another pass
 
 
 def test_a_request_whose_draft_lags_its_prompt_drafts_when_the_catch_up_repays():
@@ -336,14 +271,14 @@ def test_a_request_whose_draft_lags_its_prompt_drafts_when_the_catch_up_repays()
     def fit(line, a, b):
         for n in (1, 9) * 5:
             line.observe(n, a + b * n)
-    p = BatchPolicy(8)
+    p = Policy(8)
     fit(p.costs.target, 0.0354, 0.0087)
     fit(p.costs.draft, 0.0049, 0.0151)
     fit(p.costs.catchup, 0.138, 0.0083)
-    fit(p.costs.rows, 0.0, 0.0002)
-    p.estimate("greedy").add_prior(0.95, 20)
+    fit(p.costs.rest, 0.0, 0.0002)
+    p.measured("greedy", 0.95, 20)
     assert p.choose([SlotView("greedy", 8, False, 1, 20, 127)])[0] >= 3
-    p.regimes["greedy"].idle = BatchPolicy.EXPLORE_EVERY  # a lone slot long without drafting re-explores every K
+    p.regimes["greedy"].idle = Regime.EXPLORE_EVERY  # a lone slot long without drafting re-explores every K
     assert p.choose([SlotView("greedy", 8, False, 1, 20, 127)])[0] >= 3
     assert p.choose([SlotView("greedy", 8, False, 1, 20, 2)]) == [0]  # two tokens left: not worth it
 

@@ -1,5 +1,7 @@
 """End to end on the real SmolLM2 pair from models.lock (fetched by scripts/setup.sh)."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from scipy import stats
@@ -11,7 +13,7 @@ from specgguf.api import SpeculativeLlama  # noqa: E402
 from specgguf.engine.calibration import measure_acceptance  # noqa: E402
 from specgguf.llama.adapter import LlamaTarget, ModelDrafter, prompt_agreement  # noqa: E402
 from specgguf.llama.model import LlamaModel  # noqa: E402
-from specgguf.engine.arms import CostModel  # noqa: E402
+from specgguf.engine.policy import Measured, SlotView  # noqa: E402
 from specgguf.ops.sampling import Sampler  # noqa: E402
 from tests.conftest import PROMPTS, load_model, msgs, plain_greedy  # noqa: E402
 
@@ -283,12 +285,13 @@ def test_a_lookup_in_front_of_the_draft_is_exact(target, draft):
     test_ngram). Output is plain decoding's; parallel > 1 is refused."""
     s = SpeculativeLlama(target, draft, ngram=True)
     ids = s.tokenize(msgs(COPY_PROMPT), chat=True)
-    res = s.generate(ids, max_tokens=48, k="auto")
-    assert res.tokens == plain_greedy(target, ids, len(res.tokens))
-    regime = specgguf.GenerationConfig().regime
-    lookup = s.learning.lookups[regime]
-    assert any(lookup.arms.timed[1:]) and lookup.acceptance.totals()[1] > 0  # the lookup drafted
-    assert lookup is not s.learning.policies[regime]  # the model's own, the only one stored
+    proposals, propose = [], s.pair.lookup.propose
+    s.pair.lookup.propose = lambda context, k, p_min=None: proposals.append(propose(context, k, p_min)) or proposals[-1]
+    for k in ("auto", 3):  # a fixed K: the lookup drafts wherever it finds a match
+        res = s.generate(ids, max_tokens=48, k=k)
+        assert res.tokens == plain_greedy(target, ids, len(res.tokens))
+    assert any(len(p.tokens) > 1 for p in proposals)  # the lookup drafted
+    assert s.learning.lookup is not s.learning.online  # the model's own policy, the only one stored
     sampled = s.generate(ids, max_tokens=40, k="auto", temperature=0.8, seed=3)
     assert sampled.tokens == s.generate(ids, max_tokens=40, k=0, temperature=0.8, seed=3).tokens
     with pytest.raises(ValueError, match="parallel"):
@@ -301,9 +304,16 @@ def test_an_ngram_draft_is_probed_again_soon_after_an_early_miss(target):
     the copy-heavy prompt: waiting 16 plain rounds cost the first call a
     third of its speed-up)."""
     policy = SpeculativeLlama(target, "ngram").learning.policy(specgguf.GenerationConfig(k="auto"))
-    policy.update(policy.choose(), 0)  # whatever it drafted, nothing was accepted
-    ks = [policy.choose() for _ in range(4)]
-    assert any(k > 0 for k in ks), ks
+    view = SlotView("greedy", 8, draft_lag=0, remaining=100)
+    policy.round_done([view], [0], Measured(1, 0.02))  # a plain round, timed
+    k = policy.choose([view])[0]
+    policy.observe("greedy", k, 0)  # whatever it drafted, nothing was accepted
+    policy.round_done([view], [k], Measured(k + 1, 0.022, (), k + 1))
+    ks = []
+    for _ in range(4):
+        ks.append(policy.choose([view])[0])
+        policy.round_done([view], [0], Measured(1, 0.02))
+    assert k > 0 and any(k > 0 for k in ks), (k, ks)
 
 
 def test_text_stream_utf8_and_stop_strings(target):
@@ -376,7 +386,7 @@ def test_sampled_evidence_and_priors_stay_in_their_regime(target, draft):
     """Greedy and sampled acceptance never mix, and a prior measured at
     temperature 0.8 applies only there."""
     s = SpeculativeLlama(target, draft)
-    s.learning.calibrated(CostModel(), {"greedy": 0.9, "sampled": 0.6, "temperature": 0.8})
+    s.learning.calibrated({"greedy": 0.9, "sampled": 0.6, "temperature": 0.8})
     cfg = specgguf.GenerationConfig
     assert s.learning.prior(cfg()) == 0.9
     assert s.learning.prior(cfg(temperature=0.8, drafter_invariant=False)) == 0.6
@@ -387,38 +397,38 @@ def test_sampled_evidence_and_priors_stay_in_their_regime(target, draft):
     s.generate(msgs(PROMPTS[1]), max_tokens=64, k="auto")
     assert s.learning.state.evidence("greedy") is not None
     assert s.learning.state.evidence(cfg(temperature=0.8).regime) is None  # greedy runs write greedy evidence only
-    assert s.learning.policy(cfg()) is not s.learning.policy(cfg(temperature=0.8))
+    policy = s.learning.policy(cfg())  # one policy for the pair, the regimes' acceptance apart in it
+    assert policy is s.learning.policy(cfg(temperature=0.8))
+    assert policy.acceptance("greedy") is not policy.acceptance(cfg(temperature=0.8).regime)
 
 
-def test_a_prompt_measurement_is_stored_once_and_clock_blind_runs_store_nothing(target, poor_draft):
-    """A first k="auto" run measures its draft on the prompt and stores it:
-    another process (a fresh SpeculativeLlama on the same state) and a seeded
-    p/q run start from it at the same weight instead of measuring again. A
-    seeded p/q run in a fresh state measures but writes nothing, so its next
-    call gives the same text. A damaged record is no prior."""
+def test_a_process_measures_its_draft_once_and_clock_blind_runs_store_nothing(target, poor_draft):
+    """A process's first k="auto" run in a regime measures the draft on its
+    prompt, whatever was stored (a record is a prior), and stores what it
+    learned; its later runs do not measure again. A seeded p/q run is
+    clock-blind: it measures for itself, writes nothing, and gives the same
+    text each time. A short answer after a long prompt measures nothing:
+    drafting could not repay the draft's catch-up."""
     cfg = specgguf.GenerationConfig
     seeded = dict(temperature=0.8, seed=3, k="auto", drafter_invariant=False)
     s = SpeculativeLlama(target, poor_draft)
     regime = cfg(**seeded).regime
     a = s.generate(msgs(PROMPTS[0]), max_tokens=16, **seeded)
-    assert s.learning.state.prompt_acceptance(regime) is None
+    assert s.learning.state.evidence(regime) is None
     assert s.generate(msgs(PROMPTS[0]), max_tokens=16, **seeded).tokens == a.tokens
-    s.generate(msgs(PROMPTS[0]), max_tokens=16, temperature=0.8, k="auto", drafter_invariant=False)
-    stored = s.learning.state.prompt_acceptance(regime)
-    assert 0.0 <= stored["acceptance"] <= 1.0 and stored["positions"] >= 4
+    s.generate(msgs(PROMPTS[0]), max_tokens=32, temperature=0.8, k="auto", drafter_invariant=False)
+    assert s.learning.online.knows(regime) and s.learning.state.evidence(regime) is not None
     calls = []
     measure = lambda: calls.append(1)  # noqa: E731
+    view = SlotView(regime, 8, target_lag=40, draft_lag=40, remaining=200)
+    s.learning.policy(cfg(temperature=0.8, k="auto", drafter_invariant=False), measure, view)
+    assert calls == []  # this process knows the draft now
     again = SpeculativeLlama(target, poor_draft).learning  # what a new process would find
-    for config in (cfg(temperature=0.8, k="auto", drafter_invariant=False), cfg(**seeded)):
-        verified = again.policy(config, measure).acceptance.totals()[1]
-        assert calls == [] and verified >= stored["positions"]  # (plus any evidence the run stored)
-    fresh = SpeculativeLlama(target, poor_draft).learning  # nothing known of greedy yet: it measures
-    fresh.policy(cfg(k="auto"), measure)
+    policy = again.policy(cfg(temperature=0.8, k="auto", drafter_invariant=False), measure, view)
+    assert calls == [1] and policy.acceptance(regime).total[1] > 0  # it measures again, from the stored prior
+    short = SlotView(regime, 8, target_lag=400, draft_lag=400, remaining=6)
+    SpeculativeLlama(target, poor_draft).learning.policy(cfg(k="auto"), measure, replace(short, regime="greedy"))
     assert calls == [1]
-    fresh.state.store.write("acceptance", f"{fresh.state.pair}|greedy", {"acceptance": 0.5, "positions": -3})
-    fresh.policies.clear()
-    fresh.policy(cfg(k="auto"), measure)
-    assert calls == [1, 1]
 
 
 def test_generate_keeps_the_loaded_pair_between_calls():

@@ -1,7 +1,7 @@
 """The offline simulator: its own arithmetic, then k="auto" judged on it.
 
-The simulator drives the real Learning and DraftPolicy (with a private
-store), so these tests judge the shipped policy without any model running.
+The simulator drives the real Learning and Policy (with a private store),
+so these tests judge the shipped policy without any model running.
 """
 
 from pathlib import Path
@@ -64,14 +64,14 @@ def traces():
 @pytest.mark.parametrize("trace", traces(), ids=lambda t: t.name)
 def test_auto_k_against_the_best_fixed_k(trace):
     """k="auto" reaches FLOOR of the best fixed K on every trace (median over
-    3 noise seeds), from a fresh state and from a poisoned one (costs stored
-    while another process held the CPU). The issue's target is 0.95; FLOOR
+    3 noise seeds), from a fresh state and from a poisoned one (stored
+    evidence that the draft accepts 0.1). The issue's target is 0.95; FLOOR
     records where the shipped policy stands, so a change that makes any
     trace worse fails here first (bench/simulate.py prints the table)."""
     got = simulator.score(trace, seeds=(0, 1, 2))
     assert np.median(got["vs_oracle"]) >= FLOOR[trace.name], got
-    poisoned = simulator.score(trace, seeds=(0, 1, 2), poison=simulator.busy_record(trace))
-    assert np.median(poisoned["vs_oracle"]) >= 0.95, poisoned
+    poisoned = simulator.score(trace, seeds=(0, 1, 2), poison=simulator.poor_record(trace))
+    assert np.median(poisoned["vs_oracle"]) >= 0.96, poisoned
 
 
 # Where the shipped policy stands (bench/simulate.py, medians of seeds 0-2),
@@ -79,50 +79,42 @@ def test_auto_k_against_the_best_fixed_k(trace):
 FLOOR = {
     "here, good draft (0.9)": 0.98,
     "here, poor draft (0.55)": 0.985,
-    # 0.985 while a middling estimate still timed K=8 once (DraftPolicy._unspanned): 1.000.
     "board, draft 0.75": 0.99,
-    "here, acceptance 0.9 then 0.35": 0.975,
-    "here, good draft, busy bursts": 0.965,
-    # Drafting priced while the draft alone was slow, then tried again (DraftPolicy.retry): 1.094.
-    # Above 1: a fixed K cannot follow the phase. Without the retry it stayed plain: 0.946.
-    "Zen 5, good draft, its forwards slow early": 1.05,
-    # 0.981 before the policy timed both ends of K (the Zen 5 trace's 0.887 -> 0.979)
-    "recorded here: F32 target, Q4_1 draft (good)": 0.955,
+    "here, acceptance 0.9 then 0.35": 0.965,
+    "here, good draft, busy bursts": 0.99,
+    # Above 1: a fixed K cannot follow the phase. Without re-exploring at the doubted price
+    # it stayed plain: 0.946.
+    "Zen 5, good draft, its forwards slow early": 1.09,
+    "recorded here: F32 target, Q4_1 draft (good)": 0.99,
     "recorded here: F32 target, Q2_K draft (poor)": 0.985,
-    "recorded on Zen 5: F32 target, Q4_1 draft (good)": 0.97,
+    "recorded on Zen 5: F32 target, Q4_1 draft (good)": 0.965,
     # The Q2_K draft agrees 0.69-0.73 with this machine's greedy text and costs 0.36 of a
-    # target step: drafting K=2 is 1.03x plain at best, a break-even draft (0.973 here).
+    # target step: drafting K=2 is 1.03x plain at best, a break-even draft.
     "recorded on Zen 5: F32 target, Q2_K draft (poor)": 0.965,
 }
 
 
 @pytest.mark.parametrize("trace", traces(), ids=lambda t: t.name)
 def test_the_engine_policy_against_the_best_fixed_k(trace):
-    """The engine's BatchPolicy (serve, parallel > 1; one request at a time,
-    each new to its slot, so its draft first catches up on the prompt)
-    reaches ENGINE_FLOOR of the best fixed K through the engine, median over
-    3 noise seeds. Before this replay existed it read 0.92-0.94 on three
-    traces: a slot stayed 'after a miss' through plain rounds (the good
-    draft stopped for good after one), a poor draft's few verdicts never
-    made its acceptance known (a probe with a catch-up every call), and
-    nothing noticed when the text stopped suiting the draft."""
+    """The same policy as the engine runs it (serve, parallel > 1; one request
+    at a time, each new to its slot, so its draft first catches up on the
+    prompt; no store) reaches ENGINE_FLOOR of the best fixed K, median over
+    3 noise seeds."""
     got = simulator.score(trace, seeds=(0, 1, 2), engine=True)
     assert np.median(got["vs_oracle"]) >= ENGINE_FLOOR[trace.name], got
 
 
 ENGINE_FLOOR = {  # bench/simulate.py --engine, medians of seeds 0-2, less a small margin
     "here, good draft (0.9)": 0.99,
-    "here, poor draft (0.55)": 0.975,
-    "board, draft 0.75": 0.995,
-    "here, acceptance 0.9 then 0.35": 0.965,
+    "here, poor draft (0.55)": 0.985,
+    "board, draft 0.75": 0.985,
+    "here, acceptance 0.9 then 0.35": 0.96,
     "here, good draft, busy bursts": 0.99,
-    # Above 1, as the decoder's. Before a lone slot's re-exploration doubted the draft's
-    # price (BatchPolicy._doubts_price), it stayed plain after the phase: 0.947.
-    "Zen 5, good draft, its forwards slow early": 1.05,
-    "recorded here: F32 target, Q4_1 draft (good)": 0.96,
-    "recorded here: F32 target, Q2_K draft (poor)": 0.97,
-    "recorded on Zen 5: F32 target, Q4_1 draft (good)": 0.95,
-    "recorded on Zen 5: F32 target, Q2_K draft (poor)": 0.975,
+    "Zen 5, good draft, its forwards slow early": 1.09,
+    "recorded here: F32 target, Q4_1 draft (good)": 0.99,
+    "recorded here: F32 target, Q2_K draft (poor)": 0.985,
+    "recorded on Zen 5: F32 target, Q4_1 draft (good)": 0.96,
+    "recorded on Zen 5: F32 target, Q2_K draft (poor)": 0.965,
 }
 
 
@@ -135,12 +127,12 @@ def test_engine_replay_of_a_fixed_k_is_the_decoders():
 
 
 def test_a_stored_record_that_says_drafting_loses_is_a_prior_not_a_verdict():
-    """Costs stored while another process held the CPU (the draft's 3x, the
-    target's 1.5x) once kept the recorded good draft off for every later
-    call (0.79 of the best fixed K): no probe ever timed the draft. Now the
-    run measures the draft and drafts, within the first two calls."""
+    """Stored evidence that the draft accepts 0.1 (left by a run whose text
+    did not suit it) is outweighed by the first call's measurement of its
+    prompt: the run drafts within its first call, and the first two calls
+    already run well ahead of plain decoding."""
     trace = simulator.load_trace(DATA / "trace_good_draft.json")
-    got = simulator.score(trace, seeds=(0, 1, 2), poison=simulator.busy_record(trace))
+    got = simulator.score(trace, seeds=(0, 1, 2), poison=simulator.poor_record(trace))
     assert min(got["vs_oracle"]) >= 0.95, got
     two = Trace(trace.name, trace.costs, trace.calls[:2], trace.config)
-    assert np.median(simulator.score(two, seeds=(0, 1, 2), poison=simulator.busy_record(trace))["vs_plain"]) > 1.05
+    assert np.median(simulator.score(two, seeds=(0, 1, 2), poison=simulator.poor_record(trace))["vs_plain"]) > 1.05

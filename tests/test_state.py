@@ -30,18 +30,18 @@ def test_the_suite_redirects_state(private_state):
 
 def test_corrupt_or_foreign_files_are_ignored_with_one_warning_and_rebuilt(tmp_path):
     store = Store(tmp_path)
-    store.write("costs", "k", {"draft": 1.0})
-    path = store.path("costs", "k")
+    store.write("evidence", "k", {"draft": 1.0})
+    path = store.path("evidence", "k")
     for damage in (b"{not json", b"", b'{"key": "other", "value": {}}', b"[1, 2]", b"\x00\xff"):
         Store._warned.discard(path)
         path.write_bytes(damage)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            assert store.read("costs", "k") is None
-            assert store.read("costs", "k") is None  # once per file, not per read
+            assert store.read("evidence", "k") is None
+            assert store.read("evidence", "k") is None  # once per file, not per read
         assert len(caught) == 1 and "ignoring unreadable state file" in str(caught[0].message)
-        store.update("costs", "k", lambda old: {"draft": 2.0} if old is None else old)
-        assert store.read("costs", "k") == {"draft": 2.0}
+        store.update("evidence", "k", lambda old: {"draft": 2.0} if old is None else old)
+        assert store.read("evidence", "k") == {"draft": 2.0}
 
 
 def test_files_are_identified_by_content(tmp_path):
@@ -146,17 +146,18 @@ def test_eight_processes_meet_a_new_pair_at_once(private_state):
         data = json.loads(f.read_text())
         assert set(data) == {"key", "value"}
     kinds = {f.parent.name for f in records}
-    assert {"files", "costs", "evidence"} <= kinds
+    assert {"files", "evidence"} <= kinds and "costs" not in kinds  # no forward cost is stored
 
 
-def test_pair_state_keeps_kinds_apart(tmp_path):
-    s = PairState(Store(tmp_path), "t+d", "machine|threads 2")
-    s.save_costs({"draft": 1.0, "target": [2.0]})
+def test_pair_state_keeps_kinds_and_pairs_apart(tmp_path):
+    s = PairState(Store(tmp_path), "t+d")
     s.save_acceptance({"greedy": 0.9, "sampled": 0.8})
-    s.update_evidence("greedy", lambda old: {"total": [1.0, 2.0]})
-    s.update_evidence("t0.80-k40-p0.95-m0.05-exact", lambda old: {"total": [5.0, 5.0]})
-    other_machine = PairState(Store(tmp_path), "t+d", "machine|threads 4")
-    assert other_machine.costs() is None  # costs are per machine and thread count
-    assert other_machine.acceptance() == {"greedy": 0.9, "sampled": 0.8}  # acceptance is per pair
+    s.save_evidence("greedy", {"total": [1.0, 2.0]})
+    s.save_evidence("t0.80-k40-p0.95-m0.05-exact", {"total": [5.0, 5.0]})
+    assert PairState(Store(tmp_path), "t+d").acceptance() == {"greedy": 0.9, "sampled": 0.8}
     assert s.evidence("greedy") == {"total": [1.0, 2.0]}
     assert s.evidence("t0.80-k40-p0.95-m0.05-exact") == {"total": [5.0, 5.0]}
+    other = PairState(Store(tmp_path), "t+e")
+    assert other.acceptance() is None and other.evidence("greedy") is None
+
+

@@ -26,9 +26,10 @@ from .engine.decoder import SpeculativeDecoder
 from .engine.batch import Engine
 from .engine.learning import AUTO_K_MAX, Learning
 from .engine.lookup_first import LookupFirst
+from .engine.policy import SlotView
 from .engine.calibration import calibrate, measure_acceptance
 from .llama.grammar import Grammar
-from .llama.model import InUse, ModelLike
+from .llama.model import InUse, ModelLike, ubatches
 from .llama.pair import ModelPair
 from .ops.sampling import Sampler
 from .llama.text import Prompt, TextStream
@@ -83,12 +84,15 @@ class SpeculativeLlama(CompletionMethods):
         self.chosen = frozenset(_SETTINGS if config is not None else settings)
         self.pair = ModelPair(target, draft, **kwargs)
         self.names = self.pair.names
-        self.learning = Learning(self.pair.state, self.pair.draft_model is None)
+        # Several slots keep a KV stream each in the target: a round may take several passes.
+        split = self.pair.slots > 1 and not self.pair.target.model.unified
+        self.learning = Learning(self.pair.state, self.pair.draft_model is None, ubatches if split else None)
         self.guard = InUse("SpeculativeLlama")
         self.engine: Optional[Engine] = None
         if self.pair.slots > 1:  # several generations at once, in shared rounds
             draft = self.pair.draft_model.model if self.pair.draft_model else None
-            self.engine = Engine(self.pair.target.model, draft, None if draft else self.pair.drafter, AUTO_K_MAX)
+            self.engine = Engine(self.pair.target.model, draft, None if draft else self.pair.drafter,
+                                 self.learning.online)
 
     @property
     def n_ctx(self) -> int:
@@ -180,35 +184,37 @@ class SpeculativeLlama(CompletionMethods):
             t0, before = time.perf_counter(), pair.timers()
             cached = len(ids) - pair.target.model.lag(ids)
             pair.use(sampler)
-            policy = self.learning.policy(config, measure=lambda: pair.prompt_agreement(ids, sampler))
+            budget = self._budget(ids, config)
+            view = SlotView(config.regime, AUTO_K_MAX, target_lag=max(1, len(ids) - cached),
+                            draft_lag=pair.drafter.lag(ids), remaining=budget)
+            policy = self.learning.policy(config, lambda: pair.prompt_agreement(ids, sampler), view)
             lookup = None if pair.lookup is None else LookupFirst(
                 pair.lookup, self.learning.lookup_policy(config), 0 if config.k == "auto" else config.k)
             dec = SpeculativeDecoder(pair.drafter, pair.target, k=policy or config.k, sampler=sampler,
-                                     p_min=config.p_min, plain_first=True, lookup=lookup)  # the first token at once
+                                     p_min=config.p_min, plain_first=True, lookup=lookup,  # the first token at once
+                                     regime=config.regime)
             out = self._text(config)
             produced: List[int] = []
-            budget = self._budget(ids, config)
             tokens = dec.stream(ids, budget, stop_tokens=self.pair.eog)
             yield from self._decode(tokens, out, should_stop, produced, self.pair.owns, sampler, dec.stats)
             seconds = time.perf_counter() - t0
             self.learning.finish(policy, config)
             result = self._result(dec, out, produced[:out.n_tokens()], len(ids), seconds, before)
             result.stats["cached_tokens"] = max(0, cached)
-            result.stats["why"] = policy.explain() if policy else None
+            result.stats["why"] = policy.explain(config.regime) if policy else None
             yield result
 
     def _run_slot(self, ids: List[int], config: GenerationConfig, sampler: Sampler, should_stop) -> Iterator:
         """One generation among others in the engine's shared rounds (``parallel`` > 1)."""
         pair = self.pair
         t0, before = time.perf_counter(), pair.timers()
-        known = self.learning.prior(config) if config.k == "auto" else None
-        ticket = self.engine.submit(ids, self._budget(ids, config), pair.eog, sampler,
-                                    config.regime, None if config.k == "auto" else config.k, known,
-                                    pair.state.evidence(config.regime))
+        ticket = self.engine.submit(ids, self._budget(ids, config), pair.eog, sampler, config.regime,
+                                    None if config.k == "auto" else config.k, config.p_min,
+                                    start=lambda: self.learning.ready(self.learning.online, config))
         out = self._text(config)
         produced: List[int] = []
         yield from self._decode(iter(ticket), out, should_stop, produced, True, sampler, ticket.stats)
-        self.learning.keep(config.regime, self.engine.hand_over(config.regime))  # for later processes
+        self.learning.keep(config.regime, self.engine.record(config.regime))  # for later processes
         result = self._result(ticket, out, produced[:out.n_tokens()], len(ids), time.perf_counter() - t0, before)
         result.stats["cached_tokens"] = ticket.cached
         result.stats["why"] = self.engine.explain(config.regime) if config.k == "auto" else None
@@ -273,7 +279,7 @@ class SpeculativeLlama(CompletionMethods):
             if draft is not None and self.pair.mode.mode != "cross":  # rows across tokenizers do not compare
                 say("measuring the draft's acceptance on a fixed text ...")
                 acceptance = measure_acceptance(target, draft.model)
-            self.learning.calibrated(costs, acceptance)
+            self.learning.calibrated(acceptance)
         say("calibration stored")
         return {"costs": costs.to_dict(), "acceptance": acceptance}
 

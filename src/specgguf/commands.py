@@ -8,7 +8,7 @@ import sys
 from typing import List
 
 from .options import Parser, _number, add_model_args, load_pair
-from .engine.arms import CostModel
+from .engine.calibration import ForwardCosts
 
 
 def models_main(argv: List[str]) -> int:
@@ -42,20 +42,25 @@ def models_main(argv: List[str]) -> int:
 
 def calibrate_main(argv: List[str]) -> int:
     ap = Parser(prog="python -m specgguf calibrate",
-                description="Time this machine's forwards for a pair and measure the draft's acceptance "
-                "on a fixed text, once; later runs start from the stored figures instead of a "
-                "conservative guess. Runs never need it: they learn from their own timed forwards.")
+                description="Measure the draft's acceptance on a fixed text, once (stored: later runs of the "
+                "pair start from it), and time this machine's forwards (shown with the draft length the "
+                "formula picks at them; not stored: every run times its own rounds, since identical "
+                "processes here differ by 20%%). Runs never need it: they learn as they go.")
     add_model_args(ap)
     args = ap.parse_args(argv)
     out = load_pair(args).calibrate()
     c = out["costs"]
-    first = CostModel.from_dict(c).draft_cost(1)
+    costs = ForwardCosts.from_dict(c)
     print(f"target T(1..{len(c['target'])}) " + " ".join(f"{t * 1e3:.1f}" for t in c["target"])
-          + f" ms; draft: a round's first token {first * 1e3:.2f} ms, "
+          + f" ms; draft: a round's first token {costs.draft_cost(1) * 1e3:.2f} ms, "
           f"then {c['draft'] * 1e3:.2f} ms/token; catch-up {c['draft_prefill'] * 1e3:.2f} ms/token")
     if out["acceptance"]:
         a = out["acceptance"]
         print(f"acceptance on the fixed text: greedy {a['greedy']:.2f}, sampled at 0.8 {a['sampled']:.2f}")
+        from .speed import rate
+        best = max(range(9), key=lambda k: rate(k, a["greedy"], costs))
+        print(f"the formula at these costs, greedy: K={best}, {rate(best, a['greedy'], costs) / rate(0, 0, costs):.2f}x "
+              "plain decoding (forwards only: a live round also warps, verifies and runs Python)")
     return 0
 
 

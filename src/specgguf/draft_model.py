@@ -34,14 +34,17 @@ import numpy as np
 from llama_cpp.llama_speculative import LlamaDraftModel
 
 from .ops.drafter import Draft, common_prefix
-from .engine.learning import AUTO_K_MAX, new_lookup_policy
+from .engine.learning import AUTO_K_MAX
 from .llama.adapter import ModelDrafter
 from .llama.model import InUse, LlamaModel, ModelLike, load_llama
 from .llama.vocab import check_vocab
 from .llama.models import resolve_model
 from .ops.ngram import NgramDrafter
-from .engine.lookup_first import LookupFirst, Turn, next_turn, report
-from .engine.policy import DraftPolicy
+from .engine.lookup_first import LookupFirst, Turn, measured, next_turn, report
+from .engine.policy import Policy, SlotView
+
+
+REGIME = "greedy"  # what DraftModel proposes: Llama's own sampler decides what it keeps
 
 
 class _Round:
@@ -49,8 +52,9 @@ class _Round:
 
     def __init__(self, context: List[int], turn: Turn, draft: Optional[Draft], started: float) -> None:
         self.context, self.turn, self.started = context, turn, started
-        self.draft = draft or Draft()
+        self.draft = draft or Draft(forwards=[])
         self.tokens = list(self.draft.tokens)
+        self.draft_seconds = time.perf_counter() - started
 
     def accepted(self, ids: List[int]) -> Optional[int]:
         """How many proposals ``ids`` kept, or None if ``ids`` is not this
@@ -100,10 +104,11 @@ class DraftModel(LlamaDraftModel):
         with self.guard:
             self.model.reset()
             auto = self.k == "auto"
-            self.policy = DraftPolicy(AUTO_K_MAX, online_costs=True) if auto else None
+            self.policy = Policy(AUTO_K_MAX) if auto else None
             self.lookup = None if self.ngram is None else LookupFirst(
-                self.ngram, new_lookup_policy() if auto else None,
+                self.ngram, Policy(AUTO_K_MAX, free_draft=True) if auto else None,
                 0 if auto else int(self.k))
+            self.after_miss = False
             self.last: Optional[_Round] = None
             self._stats: Dict[str, object] = {"calls": 0, "drafted": 0, "accepted": 0, "k_hist": {},
                                               "draft_seconds": 0.0}
@@ -117,7 +122,7 @@ class DraftModel(LlamaDraftModel):
         s = dict(self._stats)
         s["acceptance_rate"] = s["accepted"] / s["drafted"] if s["drafted"] else 0.0
         s["k_chosen"] = dict(sorted(s.pop("k_hist").items()))
-        s["why"] = self.policy.explain() if self.policy is not None else None
+        s["why"] = self.policy.explain(REGIME) if self.policy is not None else None
         return s
 
     def check(self, target: "llama_cpp.Llama") -> None:
@@ -133,7 +138,10 @@ class DraftModel(LlamaDraftModel):
                 raise ValueError(f"token id {bad} is out of range for the draft's vocabulary of "
                                  f"{self.model.model_vocab}: the draft and the target do not share a tokenizer")
             self._learn(ids)
-            turn = next_turn(ids, None, self.drafter, self.policy, 0 if self.policy else int(self.k), self.lookup)
+            k_max = AUTO_K_MAX if self.policy is not None else int(self.k)
+            lag = self.model.lag(ids) if self.policy is not None else 1
+            view = SlotView(REGIME, k_max, self.policy is None, 1, lag, None, self.after_miss)
+            turn = next_turn(ids, view, self.drafter, self.policy, k_max, self.lookup)
             t0 = time.perf_counter()
             draft = turn.drafter.propose(ids, turn.k) if turn.k > 0 else None
             self.last = _Round(ids, turn, draft, t0)
@@ -145,11 +153,14 @@ class DraftModel(LlamaDraftModel):
         a = last.accepted(ids) if last is not None else None
         if a is None:  # a new generation: its output starts after the token Llama just sampled
             self.sampler.origin = max(0, len(ids) - 1)
+            self.after_miss = False
             return
         self._stats["accepted"] += a
-        d = last.draft  # the whole round: the draft, then Llama's batched forward and sampling
-        report(last.turn, self.lookup, len(last.tokens), a, d.confidence, time.perf_counter() - last.started,
-               d.first_seconds, d.catchup)
+        # The whole round: the draft, then Llama's batched forward and sampling (its "target" here).
+        seconds = time.perf_counter() - last.started
+        report(last.turn, self.lookup, last.draft, a,
+               measured(last.turn, last.draft, last.draft_seconds, seconds - last.draft_seconds, seconds))
+        self.after_miss = a < len(last.tokens)
 
     def _count(self, k: int, tokens: List[int], seconds: float) -> None:
         s = self._stats

@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Union
 
-from .engine.arms import CostModel
+from .engine.calibration import ForwardCosts
 from .engine.policy import expected_tokens
 
 K = Union[int, str]  # a draft length, or "auto"
@@ -70,12 +70,12 @@ def fixed_k_ceiling(runs_k: Sequence[dict], runs_plain: Sequence[dict], k: int) 
     return e * forwards_per_round(runs_plain) / forwards_per_round(runs_k)
 
 
-def rate(k: int, a: float, costs: CostModel) -> float:
+def rate(k: int, a: float, costs: ForwardCosts) -> float:
     """The formula's tokens per second at K = k and per-token acceptance ``a``."""
     return expected_tokens(k, [a] * k)[k] / costs.round_cost(k)
 
 
-def ceiling(costs: CostModel, a: float, k: K) -> float:
+def ceiling(costs: ForwardCosts, a: float, k: K) -> float:
     """The formula's speedup over plain decoding at acceptance ``a``: at K = k, or the best K for "auto"."""
     ks = range(9) if k == "auto" else [k]
     return max(rate(kk, a, costs) for kk in ks) / rate(0, a, costs)

@@ -1,18 +1,16 @@
 """What specgguf remembers between runs, in one store.
 
-Three kinds of record, kept apart because they change at different rates:
+Two kinds of record about a pair, kept apart because they change at
+different rates (no forward cost is stored: identical processes here differ
+by 20% in speed, so every run times its own rounds):
 
-* ``costs``: this machine's forward costs for a pair (seconds), keyed by the
-  machine, the llama.cpp build, the thread count and the two models' content.
-  Written by runs (from their own timed forwards) and by an explicit
-  :meth:`~specgguf.SpeculativeLlama.calibrate`.
 * ``acceptance``: the pair's acceptance measured by ``calibrate()`` on a fixed
-  text (greedy, and sampled at temperature 0.8 with the default warps), and,
-  per regime, the one measured on the prompt of the first run that knew
-  nothing of the draft; priors, written once, never changed by runs.
-* ``evidence``: what runs learn of the acceptance, per pair and per sampling
-  regime (greedy, or the rounded warp settings), as decayed counts. The
-  prior is never stored in it, so it is never counted twice.
+  text (greedy, and sampled at temperature 0.8 with the default warps); a
+  prior, never changed by runs.
+* ``evidence``: what runs learned of the acceptance, per pair and per
+  sampling regime (greedy, or the rounded warp settings), as decayed counts
+  per draft position; a later run takes it as a prior worth a few
+  observations (:meth:`~specgguf.engine.policy.Acceptance.add_record`).
 
 Layout: one JSON file per record, ``<state>/<kind>/<hash of key>.json``,
 written atomically (temporary file, then rename) under an advisory lock
@@ -44,7 +42,7 @@ try:
 except ImportError:  # not POSIX: atomic replace only
     fcntl = None
 
-KINDS = ("costs", "acceptance", "evidence", "files", "trusted")
+KINDS = ("acceptance", "evidence", "files", "trusted")
 
 
 def cache_root() -> Path:
@@ -205,18 +203,11 @@ class PairState:
 
     Args:
         store: where they live.
-        pair: the pair's content id (target sha256 + draft sha256 or "ngram").
-        machine: the machine, llama.cpp build and thread count the costs hold for.
+        pair: the pair's content id (the target's :func:`content_id`, then the draft's or "ngram").
     """
 
-    def __init__(self, store: Store, pair: str, machine: str) -> None:
-        self.store, self.pair, self.machine = store, pair, machine
-
-    def costs(self) -> Optional[dict]:
-        return self.store.read("costs", f"{self.machine}|{self.pair}")
-
-    def save_costs(self, costs: dict) -> None:
-        self.store.write("costs", f"{self.machine}|{self.pair}", costs)
+    def __init__(self, store: Store, pair: str) -> None:
+        self.store, self.pair = store, pair
 
     def acceptance(self) -> Optional[dict]:
         """``{"greedy": a, "sampled": a}`` measured by calibrate(), or None."""
@@ -225,16 +216,8 @@ class PairState:
     def save_acceptance(self, measured: dict) -> None:
         self.store.write("acceptance", self.pair, measured)
 
-    def prompt_acceptance(self, regime: str) -> Optional[dict]:
-        """``{"acceptance": a, "positions": n}`` measured on a first run's prompt in ``regime``, or None."""
-        return self.store.read("acceptance", f"{self.pair}|{regime}")
-
-    def save_prompt_acceptance(self, regime: str, acceptance: float, positions: int) -> None:
-        self.store.write("acceptance", f"{self.pair}|{regime}",
-                         {"acceptance": float(acceptance), "positions": int(positions)})
-
     def evidence(self, regime: str) -> Optional[dict]:
         return self.store.read("evidence", f"{self.pair}|{regime}")
 
-    def update_evidence(self, regime: str, change: Callable[[Optional[dict]], dict]) -> dict:
-        return self.store.update("evidence", f"{self.pair}|{regime}", change)
+    def save_evidence(self, regime: str, record: dict) -> None:
+        self.store.write("evidence", f"{self.pair}|{regime}", record)

@@ -7,10 +7,14 @@ slot that shares the longest prefix with it, is not evaluated again.
 
 One round serves every slot, read top to bottom in :meth:`Engine._round`:
 
-1. K per slot from :class:`~specgguf.engine.batch_policy.BatchPolicy` (0 for a
-   slot whose target has a prompt to read: its first token comes at once);
+1. K per slot from the :class:`~specgguf.engine.policy.Policy` (0 for a
+   slot whose target has a prompt to read: its first token comes at once,
+   and while the policy has seen too little of the draft in its regime,
+   both models score the prompt's last positions to measure it, as the
+   decoder's first run does);
 2. the draft proposes for every drafting slot, one batched forward per
-   draft position (the first also catches each slot up);
+   draft position (the first also catches each slot up), a slot stopping
+   where its draft's confidence falls below its ``p_min``;
 3. the target scores every slot's ``[last token, d_1 .. d_K]`` in ONE
    ``llama_decode``, logits only at those rows;
 4. each slot verifies with its own :class:`~specgguf.ops.sampling.Sampler`
@@ -38,9 +42,10 @@ from typing import Deque, FrozenSet, List, Optional, Sequence
 
 import numpy as np
 
-from .batch_policy import BatchPolicy, SlotView
 from .decoder import DecoderStats
+from .policy import Measured, Policy, SlotView
 from ..ops.drafter import Draft, common_prefix
+from ..llama.adapter import SlotDrafter, prompt_rows
 from ..llama.model import LlamaModel
 from ..ops.sampling import Sampler
 
@@ -57,9 +62,9 @@ class Ticket:
     """
 
     def __init__(self, ids: Sequence[int], budget: int, stops: FrozenSet[int], sampler: Sampler,
-                 regime: str, k: Optional[int], wake) -> None:
+                 regime: str, k: Optional[int], wake, p_min=None) -> None:
         self.ids, self.budget, self.stops, self.sampler = list(ids), budget, stops, sampler
-        self.regime, self.k, self._wake = regime, k, wake
+        self.regime, self.k, self.p_min, self._wake = regime, k, p_min, wake
         self.stats = DecoderStats()
         self.queue: "queue.SimpleQueue" = queue.SimpleQueue()
         self.cancelled = False
@@ -86,6 +91,14 @@ class Ticket:
             self._wake()
 
     # -- the engine's side --------------------------------------------------
+    def view(self, target: LlamaModel, draft: Optional[LlamaModel], k_max: int) -> SlotView:
+        """What the policy needs of the request this round: it drafts up to
+        ``k_max`` (its own fixed K instead), none while its prompt is read."""
+        t_lag, remaining = target.lag(self.ids, self.slot), self.budget - self.stats.emitted
+        cap = 0 if t_lag > 1 or not k_max else min(k_max if self.k is None else self.k, remaining - 1)
+        return SlotView(self.regime, max(0, cap), self.k is not None, t_lag,
+                        draft.lag(self.ids, self.slot) if draft is not None else 0, remaining, self.after_miss, self.slot)
+
     def emit(self, tokens: Sequence[int], n_draft: int) -> bool:
         """Hand ``tokens`` (the first ``n_draft`` accepted drafts) to the
         caller; True when the request is done."""
@@ -166,7 +179,7 @@ class Slots:
         """The free slot whose cache shares most with ``t``'s prompt, less
         RUN_TOKENS for each run of consecutive busy slots it leaves (a split
         target cache makes a pass per run, every round: see
-        :func:`~specgguf.engine.batch_policy.ubatches`). A conversation's
+        :func:`~specgguf.llama.model.ubatches`). A conversation's
         next turn shares far more with its slot than RUN_TOKENS and goes
         back to it; a new request, which shares the chat template's few
         tokens with any slot, fills a gap between busy slots instead."""
@@ -187,15 +200,20 @@ class Engine:
         draft: the draft model's, with as many slots; None for none.
         ngram: a prompt-lookup drafter (:class:`~specgguf.ops.ngram.NgramDrafter`),
             used when there is no draft model.
-        k_max: the largest K a slot drafts.
+        policy: the :class:`~specgguf.engine.policy.Policy` that picks each
+            slot's K (its ``passes`` must count the target's: with a stream per
+            slot, :func:`~specgguf.llama.model.ubatches`); only the engine's
+            thread touches it between :meth:`submit` and the end of a request.
     """
 
-    def __init__(self, target: LlamaModel, draft: Optional[LlamaModel] = None, ngram=None, k_max: int = 8) -> None:
+    def __init__(self, target: LlamaModel, draft: Optional[LlamaModel] = None, ngram=None,
+                 policy: Optional[Policy] = None) -> None:
         if draft is not None and draft.slots != target.slots:
             raise ValueError(f"the draft has {draft.slots} slots, the target {target.slots}")
         self.target, self.draft, self.ngram = target, draft, ngram
+        self.drafter = SlotDrafter(draft) if draft is not None else None
         self.slots = Slots(target)
-        self.policy = BatchPolicy(k_max, split=self.slots.split)
+        self.policy = policy or Policy(free_draft=draft is None)
         self.cond = threading.Condition()
         self.thread: Optional[threading.Thread] = None
 
@@ -206,13 +224,17 @@ class Engine:
             return self.slots.busy()
 
     def submit(self, ids: Sequence[int], budget: int, stops: FrozenSet[int], sampler: Sampler, regime: str,
-               k: Optional[int] = None, prior: Optional[float] = None, evidence: Optional[dict] = None) -> Ticket:
+               k: Optional[int] = None, p_min=None, start=None) -> Ticket:
         """Queue a request: decode up to ``budget`` tokens after ``ids`` with
-        ``sampler``'s rule; ``k``: a fixed K, or None for the policy's; ``prior``
-        and ``evidence``: what is known of the draft's acceptance in ``regime``."""
-        ticket = Ticket(ids, budget, stops, sampler, regime, k, self.wake)
+        ``sampler``'s rule, its acceptance pooled under ``regime``; ``k``: a
+        fixed K, or None for the policy's; ``p_min``: its draft confidence
+        cutoff (None, a float, or "auto": the policy's); ``start()``: run
+        under the engine's lock first (where the caller readies the policy's
+        regime: the engine's thread reads the policy meanwhile)."""
+        ticket = Ticket(ids, budget, stops, sampler, regime, k, self.wake, p_min)
         with self.cond:
-            self.policy.estimate(regime, prior, evidence)
+            if start is not None:
+                start()
             if budget <= 0:
                 ticket.stats.finish_reason = "length"
                 ticket.queue.put(_END)
@@ -225,15 +247,14 @@ class Engine:
         return ticket
 
     def explain(self, regime: str) -> str:
-        """The policy's one line on drafting in ``regime`` (see :meth:`BatchPolicy.explain`)."""
+        """The policy's one line on drafting in ``regime`` (see :meth:`Policy.explain`)."""
         with self.cond:
             return self.policy.explain(regime)
 
-    def hand_over(self, regime: str) -> dict:
-        """The acceptance evidence ``regime``'s requests gathered since the last
-        hand-over (:meth:`~specgguf.engine.acceptance.AcceptanceEstimate.hand_over`), for the state store."""
+    def record(self, regime: str) -> dict:
+        """What the policy knows of the draft's acceptance in ``regime``, for the state store."""
         with self.cond:
-            return self.policy.estimate(regime).hand_over()
+            return self.policy.acceptance(regime).record()
 
     def wake(self) -> None:
         with self.cond:
@@ -257,74 +278,74 @@ class Engine:
                     for t in active:
                         self.slots.free(t, e)
 
-    def _views(self, active: Sequence[Ticket]) -> List[SlotView]:
-        views = []
-        for t in active:
-            t_lag = self.target.lag(t.ids, t.slot)
-            d_lag = self.draft.lag(t.ids, t.slot) if self.draft is not None else 0
-            can = self.draft is not None or self.ngram is not None
-            remaining = t.budget - t.stats.emitted
-            cap = 0 if (t_lag > 1 or not can) else min(self.policy.k_max if t.k is None else t.k, remaining - 1)
-            views.append(SlotView(t.regime, max(0, cap), t.k is not None, t_lag, d_lag, remaining, t.after_miss,
-                                  t.slot))
-        return views
-
     def _round(self, active: Sequence[Ticket]) -> None:
-        views = self._views(active)
-        ks = self.policy.choose(views)
+        can = self.draft is not None or self.ngram is not None
+        views = [t.view(self.target, self.draft, self.policy.k_max if can else 0) for t in active]
+        with self.cond:  # the policy is shared with submit's callers
+            ks = self.policy.choose(views)
+            cutoffs = [self.policy.p_min(t.regime) if t.p_min == "auto" else t.p_min for t in active]
+            measure = self._to_measure(active, views)
         t0 = time.perf_counter()
-        drafts, forwards = self._draft(active, ks)
+        drafts, forwards = self._draft(active, ks, cutoffs)
         t1 = time.perf_counter()
-        work = [(t.slot, t.ids + d.tokens, len(d.tokens) + 1) for t, d in zip(active, drafts)]
+        work = [(t.slot, t.ids + d.tokens, len(d.tokens) + 1 + measure.get(i, 0))
+                for i, (t, d) in enumerate(zip(active, drafts))]
         logits = self.target.eval_many(work)
         t2 = time.perf_counter()
+        measured = self._measure(active, logits, measure, forwards)
         with self.cond:
-            for t, d, rows in zip(active, drafts, logits):
+            for i, (t, d, rows) in enumerate(zip(active, drafts, logits)):
+                if i in measured:
+                    self.policy.measured(t.regime, measured[i], measure[i])
+                rows = rows[measure.get(i, 0):]
                 try:  # a request's own rules (a grammar with no way on) fail that request only
                     n, nxt = t.sampler.verify(t.sampler.target_rows(rows, t.ids + d.tokens), d, t.stats.emitted)
                 except ValueError as e:
                     self.slots.free(t, e)
                     continue
                 t.stats.record(len(d.tokens), n, d.stop if d.tokens else None, seconds=(t1 - t0, t2 - t1))
-                self.policy.observe(t.regime, len(d.tokens), n, t.after_miss)
-                t.after_miss = n < len(d.tokens)  # a plain round ends a run of misses (as DraftPolicy)
+                self.policy.observe(t.regime, len(d.tokens), n, t.after_miss, d.confidence)
+                t.after_miss = n < len(d.tokens)  # a plain round ends a run of misses
                 if t.emit(d.tokens[:n] + [nxt], n) and self.slots.holds(t):
                     self.slots.free(t, _END)
-        t3 = time.perf_counter()
-        target_tokens = sum(v.target_lag + len(d.tokens) for v, d in zip(views, drafts))
-        rest = (t3 - t0) - (t2 - t1) - sum(f[1] for f in forwards)
-        rows = sum(len(d.tokens) + 1 for d in drafts)
-        self.policy.costs.observe_round(target_tokens, t2 - t1, forwards, rows, rest,
-                                        prompt=any(v.target_lag > 1 for v in views),
-                                        passes=self.policy.costs.passes(views, [len(d.tokens) for d in drafts]))
-        self.policy.round_done({t.regime for t, d in zip(active, drafts) if d.tokens})
+            drafted = [len(d.tokens) for d in drafts]
+            rest = (time.perf_counter() - t0) - (t2 - t1) - sum(f[1] for f in forwards)
+            target_tokens = sum(v.target_lag for v in views) + sum(drafted)
+            self.policy.round_done(views, drafted, Measured(target_tokens, t2 - t1, forwards,
+                                                            sum(drafted) + len(drafts), rest))
 
-    def _draft(self, active: Sequence[Ticket], ks: Sequence[int]) -> tuple:
-        """Each slot's :class:`~specgguf.ops.drafter.Draft` of up to its K tokens,
-        and the draft forwards run ``[(tokens, seconds, sequences)]``."""
-        drafts = [Draft(confidence=[]) for _ in active]
-        if self.draft is None:
-            return [self.ngram.propose(t.ids, k) if k > 0 else d for t, k, d in zip(active, ks, drafts)], []
-        forwards, probs = [], [[] for _ in active]
-        seqs = {i: list(t.ids) for i, (t, k) in enumerate(zip(active, ks)) if k > 0}
-        while seqs:
-            tokens = sum(self.draft.lag(s, active[i].slot) for i, s in seqs.items())
-            t0 = time.perf_counter()
-            rows = self.draft.eval_many([(active[i].slot, s, 1) for i, s in seqs.items()])
-            forwards.append((tokens, time.perf_counter() - t0, len(seqs)))
-            for (i, seq), row in zip(list(seqs.items()), rows):
-                try:
-                    tok, conf, q = active[i].sampler.pick(row[-1], seq)
-                except ValueError:  # the draft found no token the rules allow: the target decides
-                    del seqs[i]
-                    continue
-                drafts[i].tokens.append(tok)
-                drafts[i].confidence.append(conf)
-                if q is not None:
-                    probs[i].append(q)
-                seq.append(tok)
-                if len(drafts[i].tokens) >= ks[i]:
-                    del seqs[i]
-        for d, p in zip(drafts, probs):
-            d.probs = np.stack(p) if p else None
-        return drafts, forwards
+    def _to_measure(self, active: Sequence[Ticket], views: Sequence[SlotView]) -> dict:
+        """``{index: positions}``: the requests whose prompt round also
+        measures the draft on the prompt (:func:`~specgguf.llama.adapter.prompt_rows`),
+        one per regime the policy has seen too little of in this process and
+        where drafting could pay (:meth:`~specgguf.engine.policy.Policy.worth_measuring`),
+        as the decoder's first run does: a stored record is a prior, and a
+        probe into a poor draft pays its whole catch-up to learn three tokens."""
+        out, regimes = {}, set()
+        for i, (t, v) in enumerate(zip(active, views)):
+            if (self.draft is not None and t.k is None and v.target_lag > 1 and t.regime not in regimes
+                    and self.policy.worth_measuring(v)):
+                n = prompt_rows(t.ids, v.target_lag)
+                if n:
+                    out[i] = n
+                    regimes.add(t.regime)
+        return out
+
+    def _measure(self, active: Sequence[Ticket], logits: List[np.ndarray], measure: dict, forwards: list) -> dict:
+        """The draft's acceptance on each measured prompt (``{index: acceptance}``):
+        the draft catches up on it, scoring the positions the target's first
+        rows did; the catch-up counts among the round's forwards."""
+        if not measure:
+            return {}
+        got, forward = self.drafter.agreement([(active[i].slot, active[i].ids, active[i].sampler, logits[i][:n])
+                                               for i, n in measure.items()])
+        forwards.append(forward)
+        return dict(zip(measure, got))
+
+    def _draft(self, active: Sequence[Ticket], ks: Sequence[int], cutoffs: Sequence[Optional[float]]) -> tuple:
+        """Each slot's :class:`~specgguf.ops.drafter.Draft` of up to its K tokens
+        (fewer where the draft's confidence falls below its cutoff), and the
+        draft forwards run ``[(tokens, seconds, sequences)]``."""
+        if self.drafter is None:
+            return [self.ngram.propose(t.ids, k) if k > 0 else Draft(confidence=[]) for t, k in zip(active, ks)], []
+        return self.drafter.propose([(t.slot, t.ids, t.sampler, k, c) for t, k, c in zip(active, ks, cutoffs)])

@@ -1,27 +1,63 @@
-"""The explicit one-off measurements ``SpeculativeLlama.calibrate()`` stores:
-the forward costs of a round's pieces on this machine (:func:`calibrate`) and
-the draft's acceptance on a fixed text (:func:`measure_acceptance`). Nothing
-runs them unasked: the draft policy measures whole rounds as it goes, and
-these are a prior for it (see :mod:`specgguf.engine.policy`).
+"""The explicit one-off measurements of ``SpeculativeLlama.calibrate()``: the
+draft's acceptance on a fixed text (:func:`measure_acceptance`; stored, a
+prior for later runs) and the forward costs of a round's pieces on this
+machine (:func:`calibrate`; shown with what they imply, never stored: the
+draft policy times its own rounds, and a cost measured in one process is not
+a fact about the next, see :mod:`specgguf.engine.policy`). Nothing runs them
+unasked.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Optional
+from dataclasses import asdict, dataclass, field
+from typing import List, Optional
 
 import numpy as np
 
 from ..llama.adapter import ModelDrafter
 from ..llama.model import LlamaModel
-from .arms import CostModel
 from ..ops.sampling import warp
+
+
+@dataclass
+class ForwardCosts:
+    """Seconds of a round's forwards: ``draft``, a draft forward within a
+    round (``draft_first``: a round's first, a 2-token catch-up on cold
+    weights; None: the same); ``target[b - 1]``, a target forward over b
+    tokens (longer batches extrapolate linearly); ``draft_prefill``, per
+    token the draft catches up on after plain rounds."""
+
+    draft: float
+    target: List[float] = field(default_factory=list)
+    draft_prefill: float = 0.0
+    draft_first: Optional[float] = None
+
+    def draft_cost(self, k: int) -> float:
+        first = self.draft if self.draft_first is None else self.draft_first
+        return 0.0 if k <= 0 else first + (k - 1) * self.draft
+
+    def target_cost(self, b: int) -> float:
+        t = self.target
+        return t[b - 1] if b <= len(t) else t[-1] + ((t[-1] - t[-2]) if len(t) > 1 else t[-1]) * (b - len(t))
+
+    def round_cost(self, k: int) -> float:
+        """A round at K = k: the draft's k forwards and the target's batch of k + 1."""
+        return self.draft_cost(k) + self.target_cost(k + 1)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ForwardCosts":
+        return cls(float(d["draft"]), [float(x) for x in d["target"]], float(d.get("draft_prefill", 0.0)),
+                   None if d.get("draft_first") is None else float(d["draft_first"]))
 
 
 CALIBRATION_TEXT = "Write a short essay about the history of the printing press.\n\n"
 
 
-def calibrate(target: LlamaModel, draft: Optional[LlamaModel], k_max: int, reps: int = 7) -> CostModel:
+def calibrate(target: LlamaModel, draft: Optional[LlamaModel], k_max: int, reps: int = 7) -> ForwardCosts:
     """Time the forwards a round runs on this machine: a greedy 4-token
     drafting round right after a target forward (its first draft forward,
     a 2-token catch-up on cold weights, apart from the 3 after it), the draft
@@ -50,7 +86,7 @@ def calibrate(target: LlamaModel, draft: Optional[LlamaModel], k_max: int, reps:
                 tables["target"][b - 1].append(time.perf_counter() - t0)
             if drafter is not None:  # as a live round after all were accepted: 2, then 3 x 1
                 t0 = time.perf_counter()
-                first = drafter.propose(ctx + fill + [9, 10], 4).first_seconds
+                first = drafter.propose(ctx + fill + [9, 10], 4).forwards[0][1]
                 tables["first"].append(first)
                 tables["draft"].append((time.perf_counter() - t0 - first) / 3)
     finally:
@@ -58,10 +94,9 @@ def calibrate(target: LlamaModel, draft: Optional[LlamaModel], k_max: int, reps:
             m.reset()
     med = lambda xs: float(np.median(xs)) if xs else 0.0  # noqa: E731
     if draft is None:  # an n-gram draft: a dictionary lookup
-        return CostModel(draft=1e-5 * med(tables["target"][0]), target=[med(t) for t in tables["target"]],
-                         seconds=True, draft_prefill=0.0)
-    return CostModel(draft=med(tables["draft"]), target=[med(t) for t in tables["target"]], seconds=True,
-                     draft_prefill=med(tables["prefill"]), draft_first=med(tables["first"]))
+        return ForwardCosts(draft=1e-5 * med(tables["target"][0]), target=[med(t) for t in tables["target"]])
+    return ForwardCosts(draft=med(tables["draft"]), target=[med(t) for t in tables["target"]],
+                        draft_prefill=med(tables["prefill"]), draft_first=med(tables["first"]))
 
 
 def measure_acceptance(target: LlamaModel, draft: LlamaModel, n: int = 48) -> dict:

@@ -25,8 +25,8 @@ import numpy as np
 
 from ..checks import check_int, check_p_min
 from ..ops.drafter import Draft, Drafter, CallbackDrafter
-from .lookup_first import LookupFirst, Turn, next_turn, report
-from .policy import DraftPolicy
+from .lookup_first import LookupFirst, Turn, measured, next_turn, report
+from .policy import Policy, SlotView
 from ..ops.sampling import Sampler
 from ..ops.verify import GeneratorLike
 
@@ -135,8 +135,8 @@ class SpeculativeDecoder:
         drafter: a :class:`~specgguf.ops.drafter.Drafter`, or a ``draft_step`` function.
         target_step: ``(prefix, proposed) -> [len(proposed)+1, V]``.
         k: draft tokens per round (0 = plain target decoding), ``"auto"``
-            (a :class:`~specgguf.engine.policy.DraftPolicy` picks K each round), or
-            a ``DraftPolicy``.
+            (a :class:`~specgguf.engine.policy.Policy` picks K each round), or
+            a ``Policy`` (shared with other runs: what it learns carries over).
         greedy: True verifies with :func:`~specgguf.verify_greedy` (output is
             exactly greedy target decoding); False with :func:`~specgguf.accept`
             (output distributed exactly as sampling the target).
@@ -150,34 +150,38 @@ class SpeculativeDecoder:
             catches up on it in the second round).
         lookup: an n-gram lookup tried before ``drafter`` each round, with
             its own K (see :mod:`specgguf.engine.lookup_first`).
+        regime: the name the policy pools this run's acceptance under (the
+            sampling regime: :attr:`~specgguf.config.GenerationConfig.regime`;
+            default: the sampler's rule).
 
     After a call, ``stats`` holds that call's :class:`DecoderStats`.
     """
 
     def __init__(self, drafter: Union[Drafter, Callable[..., tuple]], target_step: TargetStep,
-                 k: Union[int, str, DraftPolicy] = 4, greedy: bool = True, generator: GeneratorLike = None,
+                 k: Union[int, str, Policy] = 4, greedy: bool = True, generator: GeneratorLike = None,
                  p_min: Union[None, float, str] = None, sampler: Optional[Sampler] = None,
-                 plain_first: bool = False, lookup: Optional[LookupFirst] = None) -> None:
+                 plain_first: bool = False, lookup: Optional[LookupFirst] = None,
+                 regime: Optional[str] = None) -> None:
         if not callable(target_step):
             raise TypeError("target_step must be callable")
         self.drafter = drafter if isinstance(drafter, Drafter) else CallbackDrafter(drafter)
         self.target_step = target_step
         self.sampler = sampler or Sampler("greedy" if greedy else "exact", generator=generator)
-        self.policy: Optional[DraftPolicy] = None
-        if isinstance(k, DraftPolicy):
+        self.policy: Optional[Policy] = None
+        if isinstance(k, Policy):
             self.policy = k
         elif k == "auto":
             # Costs from the clock only where it cannot change the output.
-            online = self.sampler.rule != "exact" or generator is None
-            self.policy = DraftPolicy(online_costs=online, p_min=p_min)
+            self.policy = Policy(clock=self.sampler.rule != "exact" or generator is None)
         elif isinstance(k, str):
-            raise ValueError(f"k must be an int >= 0, 'auto' or a DraftPolicy, got {k!r}")
+            raise ValueError(f"k must be an int >= 0, 'auto' or a Policy, got {k!r}")
         self.k = self.policy.k_max if self.policy else check_int("k", k, 0)
         self.p_min = check_p_min(p_min)
         if p_min == "auto" and self.policy is None:
             raise ValueError("p_min='auto' is learned by the draft policy: use it with k='auto'")
         self.plain_first = plain_first
         self.lookup = lookup
+        self.regime = regime or self.sampler.rule
         self.stats = DecoderStats()
 
     def generate(self, prompt_ids: Sequence[int], max_new: int = 128,
@@ -201,17 +205,11 @@ class SpeculativeDecoder:
         return self._rounds(prefix, max_new, frozenset(int(t) for t in stop_tokens))
 
     def _rounds(self, prefix: List[int], max_new: int, stops: frozenset) -> Iterator[int]:
-        stats = self.stats
+        stats, after_miss = self.stats, False
         while stats.emitted < max_new:
-            remaining = max_new - stats.emitted
-            if self.plain_first and stats.rounds == 0:
-                turn = Turn(self.drafter, self.policy, 0)
-            else:
-                turn = next_turn(prefix, remaining, self.drafter, self.policy, self.k, self.lookup)
-            want = turn.k
-            k = min(want, remaining - 1)  # a round emits up to k + 1: never past max_new
+            turn = self._turn(prefix, max_new - stats.emitted, after_miss)
             t0 = time.perf_counter()
-            draft = self._draft(turn, prefix, k)
+            draft = self._draft(turn, prefix)
             t1 = time.perf_counter()
             target = self.target_step(list(prefix), list(draft.tokens))
             t2 = time.perf_counter()
@@ -219,11 +217,11 @@ class SpeculativeDecoder:
             n, nxt = self.sampler.verify(target, draft, stats.emitted)
             t3 = time.perf_counter()
             stats.verify_seconds += t3 - t2
-            stop = None if k == 0 else ("max_new" if k < want and draft.stop == "max" else draft.stop)
+            capped = turn.k == turn.view.cap < self.k  # the tokens left, not the drafter, ended the draft
+            stop = None if turn.k == 0 else ("max_new" if capped and draft.stop == "max" else draft.stop)
             stats.record(len(draft.tokens), n, stop, seconds=(t1 - t0, t2 - t1))
-            # the whole round, timed unless it also evaluated the prompt (the first)
-            report(turn, self.lookup, len(draft.tokens), n, draft.confidence,
-                   (t3 - t0) if stats.rounds > 1 else None, draft.first_seconds, draft.catchup)
+            report(turn, self.lookup, draft, n, measured(turn, draft, t1 - t0, t2 - t1, t3 - t0))
+            after_miss = n < len(draft.tokens)
             for i, t in enumerate(draft.tokens[:n] + [nxt]):
                 prefix.append(t)
                 stats.emit(i < n)
@@ -233,12 +231,23 @@ class SpeculativeDecoder:
                     return
         stats.finish_reason = "length"
 
-    def _draft(self, turn: Turn, prefix: List[int], k: int) -> Draft:
+    def _turn(self, prefix: List[int], remaining: int, after_miss: bool) -> Turn:
+        """Who drafts the next round, and how many: at most ``remaining - 1``
+        (a round emits up to K + 1: never past max_new), none in a first round
+        that is to give its token at once (``plain_first``)."""
+        first = self.stats.rounds == 0
+        cap = 0 if first and self.plain_first else min(self.k, remaining - 1)
+        lag = self.drafter.lag(prefix) if self.policy is not None else 1  # O(context): only for a policy
+        view = SlotView(self.regime, cap, self.policy is None, len(prefix) if first else 1, lag, remaining, after_miss)
+        return next_turn(prefix, view, self.drafter, self.policy, self.k, self.lookup)
+
+    def _draft(self, turn: Turn, prefix: List[int]) -> Draft:
+        k = turn.k
         if k == 0:
-            return Draft()
+            return Draft(forwards=[])
         p_min = self.p_min
         if p_min == "auto":  # learned by the policy that chose this round's drafter
-            p_min = turn.policy.p_min() if turn.policy is not None else None
+            p_min = turn.policy.p_min(self.regime) if turn.policy is not None else None
         draft = turn.drafter.propose(prefix, k, None if p_min is None else float(p_min))
         if len(draft.tokens) > k:
             raise ValueError(f"the drafter returned {len(draft.tokens)} tokens, more than the k = {k} asked for")

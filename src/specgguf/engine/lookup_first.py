@@ -1,4 +1,4 @@
-"""A prompt lookup tried before the draft model, each judged on its own rounds.
+"""Whose turn a round is, and telling its policy how the round went.
 
 With ``ngram=True`` a round drafts from an n-gram lookup
 (:class:`~specgguf.ops.ngram.NgramDrafter`) when the text so far has a match
@@ -6,26 +6,25 @@ and the lookup's K is not 0; otherwise the draft model's K decides. The two
 differ in everything a policy weighs: a lookup costs microseconds and never
 lags, and its acceptance follows how much the text copies; the model pays a
 forward per token and catches up on whatever the lookup drafted. Pooled in
-one policy (as a single fallback drafter had them), the lookup's cheap rounds
-priced the model's K too low, the acceptance followed the copies, and a run
-stored that mixture as the model's evidence for every later run of the pair.
+one policy, the lookup's cheap rounds priced the model's K too low, the
+acceptance followed the copies, and a run stored that mixture as the
+model's evidence for every later run of the pair.
 
 So each drafter has its own K: a fixed one, or its own
-:class:`~specgguf.engine.policy.DraftPolicy`. A plain round times plain
-decoding for both policies, and the model's asks for them (the lookup's
-does not re-time: a plain round it asked for while the model drafted would
-come only at the model's next one); only the model's is stored (the
-lookup's acceptance is about this text, not about the pair). Used by the decoder and
-by :class:`~specgguf.draft_model.DraftModel`.
+:class:`~specgguf.engine.policy.Policy` (the lookup's prices drafting at
+nothing). A plain round is reported to both, as both weigh plain decoding;
+only the model's evidence is stored (the lookup's acceptance is about this
+text, not the pair). Used by the decoder and by
+:class:`~specgguf.draft_model.DraftModel`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
-from ..ops.drafter import Drafter
-from .policy import DraftPolicy
+from ..ops.drafter import Draft, Drafter
+from .policy import Measured, Policy, SlotView
 
 
 @dataclass
@@ -33,8 +32,9 @@ class Turn:
     """Who drafts the next round, and how many tokens (0: a plain round)."""
 
     drafter: Drafter
-    policy: Optional[DraftPolicy]  # the one that chose k and hears how the round went; None: a fixed k
+    policy: Optional[Policy]  # the one that chose k and hears how the round went; None: a fixed k
     k: int
+    view: SlotView            # what the policy was shown of the sequence
 
 
 @dataclass
@@ -42,34 +42,55 @@ class LookupFirst:
     """An n-gram lookup and its own K (``policy``, or the fixed ``k`` when None)."""
 
     lookup: Drafter
-    policy: Optional[DraftPolicy]
+    policy: Optional[Policy]
     k: int = 0
 
-    def turn(self, context: Sequence[int], remaining: Optional[int]) -> Optional[Turn]:
+    def turn(self, context: Sequence[int], view: SlotView) -> Optional[Turn]:
         """The lookup's turn if it has a match for ``context`` and its K is not 0; None otherwise."""
         if not self.lookup.propose(context, 1).tokens:
             return None
-        k = self.policy.choose(remaining, 0) if self.policy is not None else self.k
-        return Turn(self.lookup, self.policy, k) if k > 0 else None
+        view = replace(view, draft_lag=0)
+        k = self.policy.choose([view])[0] if self.policy is not None else min(self.k, view.cap)
+        return Turn(self.lookup, self.policy, k, view) if k > 0 else None
 
 
-def next_turn(context: Sequence[int], remaining: Optional[int], drafter: Drafter,
-              policy: Optional[DraftPolicy], k: int, lookup: Optional[LookupFirst]) -> Turn:
-    """The next round's :class:`Turn`: the lookup's, if it takes one, else
-    the model ``drafter``'s with ``policy``'s K (or the fixed ``k``)."""
-    turn = lookup.turn(context, remaining) if lookup is not None else None
+def next_turn(context: Sequence[int], view: SlotView, drafter: Drafter, policy: Optional[Policy], k: int,
+              lookup: Optional[LookupFirst]) -> Turn:
+    """The next round's :class:`Turn` for a sequence the policies see as
+    ``view``: the lookup's, if it takes one, else the model ``drafter``'s with
+    ``policy``'s K (or the fixed ``k``, within ``view.cap``)."""
+    turn = lookup.turn(context, view) if lookup is not None and view.cap > 0 else None
     if turn is not None:
         return turn
-    return Turn(drafter, policy, policy.choose(remaining, drafter.lag(context)) if policy is not None else k)
+    if view.cap == 0:
+        return Turn(drafter, policy, 0, view)
+    return Turn(drafter, policy, policy.choose([view])[0] if policy is not None else min(k, view.cap), view)
 
 
-def report(turn: Turn, lookup: Optional[LookupFirst], drafted: int, accepted: int,
-           confidence: Optional[Sequence[float]] = None, seconds: Optional[float] = None,
-           first_seconds: Optional[float] = None, catchup: Optional[tuple] = None) -> None:
-    """How ``turn``'s round went, to the policy that chose it (see
-    :meth:`DraftPolicy.update`); a plain round also to the lookup's, which
-    needs plain decoding's time as much as the model's does."""
+def measured(turn: Turn, draft: Draft, draft_seconds: float, target_seconds: float, round_seconds: float) -> Measured:
+    """What a round took, for the policies: the target's forward over its
+    tokens, each draft forward (a drafter that did not time its forwards:
+    its time shared among them, the first over the draft's lag), and the rest."""
+    n = len(draft.tokens)
+    forwards = draft.forwards
+    if forwards is None:
+        forwards = [(max(1, turn.view.draft_lag) if i == 0 else 1, draft_seconds / n) for i in range(n)]
+    spent = sum(s for _, s in forwards)
+    return Measured(turn.view.target_lag + n, target_seconds, [(t, s, 1) for t, s in forwards], n + 1,
+                    max(0.0, round_seconds - target_seconds - spent))
+
+
+def report(turn: Turn, lookup: Optional[LookupFirst], draft: Draft, accepted: int,
+           m: Optional[Measured]) -> None:
+    """How ``turn``'s round went, to the policy that chose it (its verdict, the
+    draft's read-back of tokens it caught up on, the round's costs; ``m``
+    None: untimed); a plain round also to the lookup's, which weighs plain
+    decoding as much as the model's does."""
+    view, n = turn.view, len(draft.tokens)
     if turn.policy is not None:
-        turn.policy.update(drafted, accepted, confidence, seconds, first_seconds, catchup)
-    if drafted == 0 and lookup is not None and lookup.policy is not None and lookup.policy is not turn.policy:
-        lookup.policy.update(0, 0, None, seconds)
+        if draft.catchup:
+            turn.policy.acceptance(view.regime).observe_skipped(float(draft.catchup[0]), int(draft.catchup[1]))
+        turn.policy.observe(view.regime, n, accepted, view.after_miss, draft.confidence)
+        turn.policy.round_done([view], [n], m)
+    if n == 0 and lookup is not None and lookup.policy is not None and lookup.policy is not turn.policy:
+        lookup.policy.round_done([view], [0], m)

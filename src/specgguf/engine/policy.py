@@ -1,336 +1,553 @@
-"""How many tokens to draft each round (``k="auto"``): a small bandit over K.
+"""How many tokens each sequence drafts next round (``k="auto"``): one policy
+for every path, one sequence (the CLI, ``generate``, ``SpeculativeLlama``,
+``DraftModel``) or several (``serve``).
 
-A round that drafts K tokens emits E(K) = 1 + a_0 + a_0 a_1 + ... tokens, a_i
-the chance the i-th draft token is accepted given the ones before it were
-(Leviathan et al.), and takes S(K) seconds of wall time: the draft's forwards,
-the target's batched forward, warp, verify and Python. K = 0 is plain
-decoding. The policy drafts the K with the most tokens per second,
-E(K) / S(K), judged by what rounds delivered, not by modelled parts:
+A round that drafts K tokens for a sequence emits E(K) = 1 + a_0 + a_0 a_1 +
+... of them (a_i: the chance draft position i is accepted given the ones
+before it were; Leviathan et al.). What a round costs is predicted from
+lines fitted to this process's own rounds, piece by piece (:class:`Costs`):
+the target's forward in the tokens it scores, each draft forward in its
+tokens (catch-ups on skipped text on a line of their own), and the rest of
+the round in the rows it verifies. Every K of every sequence is priced from
+the same few measured lines; only a draft never timed is guessed (hopefully
+cheap, so that one round measures it), and nothing stored prices anything:
+identical processes here differ by 20% in speed.
 
-* :class:`~specgguf.engine.arms.Arms` keeps, per K, discounted sums of this run's round wall
-  times, relative to one speed every K shares (a busy spell or a slower
-  process moves every K alike). A K not timed yet lies on the line fitted
-  through the timed ones; before two are timed, it borrows the shape of a
-  :class:`~specgguf.engine.arms.CostModel` prior (stored round times, or the built-in one:
-  whichever is cheaper, so no record keeps a K from being measured).
-* :class:`~specgguf.engine.acceptance.AcceptanceEstimate` pools every round's
-  verdicts per draft position, so E(K) of a K rarely drafted is known from
-  the others (a K's own tokens, tried as well, chased the text a K happened
-  to meet); a round after a rejection has its own first position.
-* Exploration: an upper-confidence bonus for K timed rarely or long ago
-  (counts discounted every round, so drift is followed); one plain round in
-  ``BASELINE_EVERY`` re-times plain decoding; from plain decoding, a probe
-  only when the optimistic acceptance says the draft could pay and the
-  tokens left would repay the draft's catch-up; while drafting, K = k_max
-  once and K = 1 once, so that no K is priced for good off a line drawn
-  through close K (:meth:`Arms.unspanned`); after a long plain stretch,
-  drafting is priced again. :class:`Trials` holds the rules for trying
-  drafting from plain decoding (probe, retry).
-* The guard: when the last few drafting rounds delivered under ``GUARD`` of
-  plain decoding's rate, drafting stops and the acceptance counts are
-  mostly forgotten.
+Acceptance is pooled per sampling regime (:class:`Regime`); what was known
+before the process (a calibration, stored evidence) weighs a few
+observations, and the process's own measurement of a prompt outweighs it.
+Each round the policy drafts, per sequence, the K that gives the round the
+most expected tokens per second; plain decoding (K = 0) is always a
+candidate. Exploration, each bounded: one sequence probes a regime not
+known yet with PROBE_K tokens (its catch-up weighed at PROBE_ODDS); a lone
+sequence that waited re-explores at the optimistic acceptance, the draft no
+dearer than DOUBT of a target token (its forwards may have been timed in a
+phase in which the draft alone slowed), each fruitless try doubling the
+wait; one plain round in BASELINE_EVERY re-times the target's single token;
+drafting that delivers under GUARD of its promise makes the estimate mostly
+forgotten.
 
-Nothing here touches models, files or the clock: the caller reports each
-round (:meth:`DraftPolicy.update`) and asks for the next K (:meth:`DraftPolicy.choose`).
+Nothing here touches models, files or the clock: callers say what each
+round held (:meth:`Policy.choose`) and took (:meth:`Policy.observe`,
+:meth:`Policy.round_done`).
 """
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence
-
-from .acceptance import AcceptanceEstimate, ConfidenceBins
-from .arms import Arms, CostModel, priors
-from ..checks import check_p_min
-
-
-class Delivered:
-    """Tokens recent drafting rounds delivered against what they cost (seconds,
-    or the tokens the estimate expected of them), each decayed per round."""
-
-    MEMORY = 0.8  # per drafting round: about the last five
-
-    def __init__(self) -> None:
-        self.tokens = self.cost = self.rounds = 0.0
-
-    def add(self, tokens: float, cost: float) -> None:
-        m = self.MEMORY
-        self.tokens, self.cost, self.rounds = self.tokens * m + tokens, self.cost * m + cost, self.rounds * m + 1
-
-    def below(self, rate: float) -> bool:
-        """Whether, over three rounds' worth at least, they delivered under ``rate`` tokens per unit of cost."""
-        return self.rounds >= 3 and self.tokens / self.cost < rate
+from dataclasses import dataclass, replace
+from typing import Callable, Dict, List, Optional, Sequence
 
 
 def expected_tokens(k_max: int, acc: Sequence[float]) -> List[float]:
-    """E(k) for k = 0..k_max from per-position acceptances."""
-    out, e, run = [1.0], 1.0, 1.0
+    """E(k) for k = 0..k_max from per-position acceptances ``acc``."""
+    out, run = [1.0], 1.0
     for a in acc[:k_max]:
         run *= a
-        e += run
-        out.append(e)
+        out.append(out[-1] + run)
     return out
 
 
-def why_line(rates: Sequence[float], totals: tuple, costs: str, qualifier: str = "") -> str:
-    """A policy's one line for users: the K it would draft (or that drafting
-    is off) and its predicted speed against plain decoding, every K's, the
-    draft's acceptance ``totals`` (accepted, verified) and ``costs``, where
-    the round times come from. ``rates``: tokens per second for K = 0..k_max."""
-    r = rates
+class Acceptance:
+    """A draft's acceptance in one regime: decayed counts per draft position.
+
+    Index k_max counts the first positions of rounds after a rejection:
+    drafts miss in runs, so such a round starts worse (pooled, 0.7 against
+    0.9 in simulation kept new calls from drafting). ``total`` counts a
+    prior once; each position counts it.
+    """
+
+    DECAY = 0.95      # per round with verdicts: a memory of about 20 rounds
+    SHRINK = 8.0      # each position is shrunk towards the overall rate by this many observations: deep
+                      # positions are reached rarely (at 2, 0.86 where the text gave 0.96 kept K at 6 when 8 paid)
+    PRIOR_CAP = 8.0   # what was known before the process weighs at most this many observations
+    IDLE = 0.995      # per round without verdicts, on the evidence optimistic() counts
+
+    def __init__(self, k_max: int) -> None:
+        self.accepted, self.verified = [0.0] * (k_max + 1), [0.0] * (k_max + 1)
+        self.total = [0.0, 0.0]
+        self.idle = 0
+
+    def add(self, accepted: Sequence[float], verified: Sequence[float], total: Sequence[float], f: float = 1.0) -> None:
+        self.accepted = [a + f * x for a, x in zip(self.accepted, accepted)]
+        self.verified = [v + f * x for v, x in zip(self.verified, verified)]
+        self.total = [t + f * x for t, x in zip(self.total, total)]
+
+    def add_prior(self, rate: float, weight: float = PRIOR_CAP) -> None:
+        """A measured per-token acceptance ``rate``, worth ``weight`` observations at every position."""
+        if not 0.0 <= rate <= 1.0:
+            raise ValueError(f"a measured acceptance must be in [0, 1], got {rate!r}")
+        n = len(self.verified)
+        self.add([rate * weight] * n, [weight] * n, [rate * weight, weight])
+
+    def add_record(self, record: Optional[dict]) -> None:
+        """Stored counts (:meth:`record`) scaled to at most PRIOR_CAP observations; a damaged one adds nothing."""
+        try:
+            acc, ver, tot = ([float(x) for x in record[k]] for k in ("accepted", "verified", "total"))
+            if len(acc) != len(self.verified) or len(ver) != len(acc) or len(tot) != 2 or min(acc + ver + tot) < 0:
+                raise ValueError("counts of another shape")
+        except (KeyError, TypeError, ValueError):
+            return
+        self.add(acc, ver, tot, min(1.0, self.PRIOR_CAP / tot[1]) if tot[1] > 0 else 0.0)
+
+    def record(self) -> dict:
+        return {"accepted": list(self.accepted), "verified": list(self.verified), "total": list(self.total)}
+
+    def observe(self, verified: int, accepted: int, after_miss: bool = False) -> None:
+        """A round whose verifier decided ``verified`` positions, accepting the first ``accepted``."""
+        if verified:
+            self._evidence()
+            for i in range(min(verified, len(self.verified) - 1)):
+                j = -1 if i == 0 and after_miss else i
+                self.verified[j] += 1.0
+                self.accepted[j] += 1.0 if i < accepted else 0.0
+            self.total = [self.total[0] + accepted, self.total[1] + verified]
+
+    def observe_skipped(self, accepted: float, positions: int) -> None:
+        """The draft's read-back of ``positions`` tokens it caught up on
+        (``accepted``: their summed acceptances), each a first position."""
+        if positions:
+            self._evidence()
+            self.verified[0] += positions
+            self.accepted[0] += accepted
+            self.total = [self.total[0] + accepted, self.total[1] + positions]
+
+    def _evidence(self) -> None:
+        self.forget(self.DECAY)  # per round with verdicts, so plain rounds do not erase what was learned
+        self.idle = 0
+
+    def forget(self, f: float) -> None:
+        self.accepted, self.verified = [a * f for a in self.accepted], [v * f for v in self.verified]
+        self.total = [t * f for t in self.total]
+
+    def per_position(self, after_miss: bool = False) -> List[float]:
+        """Conditional acceptance per draft position (k_max values), shrunk to the overall rate."""
+        overall = (self.total[0] + 1.0) / (self.total[1] + 2.0)
+        out = [(a + self.SHRINK * overall) / (v + self.SHRINK) for a, v in zip(self.accepted, self.verified)]
+        return ([out[-1]] if after_miss else out[:1]) + out[1:-1]
+
+    def optimistic(self) -> float:
+        """One sigma above the per-token acceptance, the evidence thinning while idle; at most 0.99."""
+        f = self.IDLE ** self.idle
+        n = self.total[1] * f
+        g = (self.total[0] * f + 1.0) / (n + 2.0)
+        return min(0.99, g + (g * (1.0 - g) / (n + 1.0)) ** 0.5)
+
+
+class ConfidenceBins:
+    """Acceptance by the draft's confidence in its token, in ten bins: what
+    ``p_min="auto"`` learns its cutoff from (before data, confidence ~ acceptance)."""
+
+    def __init__(self) -> None:
+        self.accepted, self.verified = [0.0] * 10, [0.0] * 10
+
+    def observe(self, verified: int, accepted: int, confidences: Optional[Sequence[float]], decay: float) -> None:
+        if verified:
+            self.accepted, self.verified = [a * decay for a in self.accepted], [v * decay for v in self.verified]
+        for i in range(min(verified, 0 if confidences is None else len(confidences))):
+            b = min(9, max(0, int(confidences[i] * 10)))
+            self.verified[b] += 1.0
+            self.accepted[b] += 1.0 if i < accepted else 0.0
+
+    def cutoff(self, need: float) -> float:
+        """The lowest confidence whose bin, and every bin above it, accepts at least ``need``."""
+        ok = [(a + 0.2 * b + 0.1) / (v + 2.0) >= need for b, (a, v) in enumerate(zip(self.accepted, self.verified))]
+        return next((b / 10 for b in range(10) if all(ok[b:])), 1.0)
+
+
+class LineFit:
+    """``seconds = a + b * tokens`` by least squares over recent forwards, each
+    weight decaying by DECAY per new one. With too little spread in the
+    token counts to see a slope, the slope is SLOPE_PRIOR times the
+    intercept (a forward of 9 tokens about 1.5x one of 1 on a CPU)."""
+
+    DECAY = 0.97
+    SLOPE_PRIOR = 0.06
+
+    def __init__(self) -> None:
+        self.w = self.n = self.y = self.nn = self.ny = 0.0
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        d = self.DECAY
+        self.w, self.n, self.y = self.w * d + 1, self.n * d + tokens, self.y * d + seconds
+        self.nn, self.ny = self.nn * d + tokens * tokens, self.ny * d + tokens * seconds
+
+    @property
+    def known(self) -> bool:
+        return self.w > 0
+
+    def line(self) -> tuple:
+        """(a, b), or (0, 0) before any forward."""
+        if not self.w:
+            return 0.0, 0.0
+        mn, my = self.n / self.w, self.y / self.w
+        var = self.nn / self.w - mn * mn
+        if var * self.w < 2.0:  # the counts barely differ: the prior slope
+            a = my / (1.0 + self.SLOPE_PRIOR * mn)
+            return a, self.SLOPE_PRIOR * a
+        b = max(0.0, (self.ny / self.w - mn * my) / var)
+        return (my - b * mn, b) if my >= b * mn else (0.0, my / mn)
+
+    def age(self, f: float) -> None:
+        """Scale every forward seen by ``f``: the next ones outweigh them."""
+        self.w, self.n, self.y, self.nn, self.ny = (x * f for x in (self.w, self.n, self.y, self.nn, self.ny))
+
+    def __call__(self, tokens: int) -> float:
+        a, b = self.line()
+        return a + b * tokens if tokens > 0 else 0.0
+
+
+@dataclass
+class SlotView:
+    """What the policy needs of one sequence this round.
+
+    Attributes:
+        regime: its sampling regime (acceptance is pooled by it).
+        cap: the largest K it may draft (its budget, a fixed k, no drafter: 0).
+        fixed: the caller fixed K (``cap`` is then that K, and it is kept).
+        target_lag: tokens its target cache lacks besides the drafts (1 usually; a prompt: more).
+        draft_lag: tokens its draft cache lacks (caught up on before its first draft).
+        remaining: tokens it may still emit (None: unknown, as in ``DraftModel``).
+        after_miss: its last round ended in a rejection.
+        slot: its sequence id (which passes a round makes: ``Costs.passes``).
+    """
+
+    regime: str
+    cap: int
+    fixed: bool = False
+    target_lag: int = 1
+    draft_lag: int = 1
+    remaining: Optional[int] = None
+    after_miss: bool = False
+    slot: int = 0
+
+    def steady(self) -> "SlotView":
+        """The sequence in a steady round: no prompt to read, no catch-up beyond the usual."""
+        return replace(self, target_lag=1, draft_lag=min(self.draft_lag, 2))
+
+
+@dataclass
+class Measured:
+    """One round's pieces as the caller timed them (seconds): the target's
+    forward over ``target_tokens``, each draft forward ``(tokens, seconds,
+    sequences)``, and the rest of the round, which verified ``rows`` rows."""
+
+    target_tokens: int
+    target_seconds: float
+    draft_forwards: Sequence[tuple] = ()
+    rows: int = 1
+    rest_seconds: float = 0.0
+
+
+class Costs:
+    """A round's wall time from lines fitted to this process's rounds.
+
+    Args:
+        passes: ``[(slot, tokens)] -> passes`` the target's forward makes over
+            its weights (a KV stream per slot: :func:`specgguf.llama.model.ubatches`); None: one.
+        free_draft: the drafter costs nothing (an n-gram lookup).
+    """
+
+    HORIZON = 256      # most tokens a catch-up's cost is spread over
+    GUESS = 0.1        # before any draft forward is timed, a draft token at this of a target token:
+                       # a board's; hopeful, so that one drafting round measures it
+    DOUBT = 0.5        # a draft doubted (timed before a long plain stretch) at most this: this machine's
+    STEADY = 2         # draft tokens a sequence has in a forward without catch-up
+
+    def __init__(self, passes: Optional[Callable] = None, free_draft: bool = False) -> None:
+        self.count_passes, self.free = passes, free_draft
+        self.target, self.draft, self.catchup, self.rest = LineFit(), LineFit(), LineFit(), LineFit()
+
+    def lines(self, doubt: bool = False) -> tuple:
+        """The lines ``(a, b)`` of the target (before any forward: one unit
+        and the prior slope), the draft (its steady forwards'; else its
+        catch-ups'; else GUESS of the target's) and the rest, and ``doubt``:
+        the draft then no dearer than DOUBT of the target's."""
+        t = self.target.line() if self.target.known else (1.0, LineFit.SLOPE_PRIOR)
+        d = (0.0, 0.0) if self.free else next((f.line() for f in (self.draft, self.catchup) if f.known),
+                                               (self.GUESS * t[0], self.GUESS * t[1]))
+        if doubt and d[0] + 2 * d[1] > self.DOUBT * (t[0] + 2 * t[1]):
+            d = (self.DOUBT * t[0], self.DOUBT * t[1])
+        return t, d, self.rest.line(), doubt
+
+    def passes(self, slots: Sequence[SlotView], ks: Sequence[int]) -> int:
+        if self.count_passes is None or len(slots) < 2:
+            return 1
+        return self.count_passes([(s.slot, s.target_lag + k) for s, k in zip(slots, ks)])
+
+    def seconds(self, slots: Sequence[SlotView], ks: Sequence[int], lines: tuple) -> float:
+        """Predicted wall time of a round drafting ``ks`` for ``slots``: the
+        target's passes and tokens, the rows' work, the draft's first forward
+        (each drafting sequence's usual one or two tokens) and one forward per
+        further position. A catch-up beyond the usual is paid once for the
+        rounds after it: its forward's cost beyond a usual first one (the
+        catch-up line) counts per token left, at most HORIZON, because a
+        drafting round is weighed against a plain one, which moves one token
+        (spread over rounds instead, a request whose draft lagged its prompt
+        never drafted, its lag growing each plain round)."""
+        (at, bt), (ad, bd), (ar, br), doubt = lines
+        n = sum(ks)
+        t = at * self.passes(slots, ks) + bt * (sum(s.target_lag for s in slots) + n) + ar + br * (n + len(slots))
+        if not n:
+            return t
+        first = later = extra = 0.0
+        for s, k in zip(slots, ks):
+            if k:
+                first, later = first + min(s.draft_lag, self.STEADY), later + k - 1
+                if s.draft_lag > self.STEADY and not self.free:
+                    cost = bd * (s.draft_lag - self.STEADY)
+                    if self.catchup.known:  # its own line; doubted, no dearer than the draft's
+                        fitted = max(0.0, self.catchup(s.draft_lag) - ad - self.STEADY * bd)
+                        cost = min(cost, fitted) if doubt else fitted
+                    extra += cost / min(self.HORIZON, max(1, s.remaining or self.HORIZON // 2))
+        return t + ad * max(ks) + bd * (first + later) + extra
+
+    def observe(self, m: Measured, prompt: bool, passes: int) -> None:
+        """A round's pieces. Only steady forwards fit the round lines: the
+        target's with no prompt in one pass, the draft's with at most STEADY
+        tokens a sequence; longer draft forwards (catch-ups) fit their own.
+        A forward's cost per token falls as it grows, so a prompt's 40 tokens
+        fitted with the rounds' 1-9 bent the lines flat (K=8 promised 1.7x
+        plain decoding and delivered 1.15x)."""
+        if not prompt and passes == 1:
+            self.target.observe(m.target_tokens, m.target_seconds)
+        for n, sec, seqs in m.draft_forwards:
+            (self.draft if n <= self.STEADY * seqs else self.catchup).observe(n, sec)
+        self.rest.observe(m.rows, m.rest_seconds)
+
+
+class Regime:
+    """What is known of the draft in one sampling regime, pooled over its
+    sequences: its acceptance, how much of it this process has seen, how
+    recent drafting delivered against the estimate, and when to re-explore."""
+
+    EVIDENCE = 16         # positions this process must see before its estimate is trusted
+    GUARD = 0.6           # drafting rounds delivering under this of the tokens promised: forget
+    FORGET = 0.2          # what is kept of the acceptance counts then, or when the prompt is measured
+    EXPLORE_EVERY = 48    # rounds without drafting before a lone sequence tries again
+    EXPLORE_BACKOFF = 16  # each try that went plain at once doubles the wait, up to this many times
+
+    def __init__(self, k_max: int) -> None:
+        self.estimate, self.bins = Acceptance(k_max), ConfidenceBins()
+        self.seen = 0.0                  # positions verified in this process, never decayed
+        self.promised = [0.0, 0.0, 0.0]  # drafting rounds' tokens, the estimate's promise, rounds; decayed
+        self.wait, self.idle, self.trying = self.EXPLORE_EVERY, 0, False  # idle: rounds since one drafted
+
+    @property
+    def known(self) -> bool:
+        """EVIDENCE positions seen in this process: what was known before it
+        (a stored record, a calibration) is a prior, never a verdict."""
+        return self.seen >= self.EVIDENCE
+
+    def measured(self, acceptance: float, positions: int) -> None:
+        """The draft measured on this process's own text (a prompt, scored by
+        both models): evidence at every position, which outweighs what was
+        known before (kept at FORGET: a record from other texts is a prior)."""
+        self.estimate.forget(self.FORGET)
+        self.estimate.add_prior(acceptance, positions)
+        self.seen += positions
+
+    def observe(self, drafted: int, accepted: int, after_miss: bool, confidences: Optional[Sequence[float]]) -> None:
+        """One sequence's verdict. Rounds that deliver under GUARD of what the
+        estimate promised (the text no longer suits the draft: deep positions,
+        rarely reached now, kept their old 0.9) make it mostly forgotten; else
+        a draft turned poor was retried after every plain round (0.95x plain)."""
+        e = expected_tokens(drafted, self.estimate.per_position(after_miss))[drafted]
+        m = 0.8  # about the last five drafting rounds
+        self.promised = [self.promised[0] * m + accepted + 1, self.promised[1] * m + e, self.promised[2] * m + 1]
+        verified = drafted if accepted == drafted else accepted + 1
+        self.estimate.observe(verified, accepted, after_miss)
+        self.bins.observe(verified, accepted, confidences, Acceptance.DECAY)
+        self.seen += verified
+        if self.promised[2] >= 3 and self.promised[0] < self.GUARD * self.promised[1]:
+            self.estimate.forget(self.FORGET)
+            self.promised = [0.0, 0.0, 0.0]
+
+    def round(self, drafted: bool) -> None:
+        """A round passed. A re-exploration the next round drafts on from
+        resets the wait, one it drops doubles it: a draft too poor to pay
+        caught up on the whole text every 48 rounds, 4-5% of each call."""
+        explored = drafted and self.idle >= self.wait
+        if drafted and not explored:
+            self.wait = self.EXPLORE_EVERY
+        elif not drafted and self.trying:
+            self.wait = min(2 * self.wait, self.EXPLORE_EVERY * self.EXPLORE_BACKOFF)
+        self.trying, self.idle = explored, 0 if drafted else self.idle + 1
+        if not drafted:
+            self.estimate.idle += 1
+
+    def gains(self, s: SlotView, alone: bool, probe_k: int) -> List[float]:
+        """Expected tokens ``s`` emits at K = 0..cap: at the optimistic
+        acceptance for every K for a lone sequence that has waited (capped at
+        a probe's K, a re-exploration could never pay where a draft token
+        costs a third of a target token), for ``probe_k`` tokens while not
+        known (counted with decaying evidence instead, a poor draft's few
+        verdicts never added up and it was probed every call), else estimated."""
+        if alone and self.idle >= self.wait:
+            acc = [self.estimate.optimistic()] * s.cap
+        elif not self.known:
+            acc = [self.estimate.optimistic()] * probe_k + [0.0] * s.cap
+        else:
+            acc = self.estimate.per_position(s.after_miss)
+        return expected_tokens(s.cap, acc)
+
+
+class Policy:
+    """K per sequence each round, from measured costs and pooled acceptance:
+    up to ``k_max``; ``passes`` and ``free_draft`` as :class:`Costs`; ``clock``
+    False (a seeded p/q run, whose text timing must not change) prices every
+    round at the priors."""
+
+    PROBE_K = 3           # while a regime is not known, one sequence drafts this many
+    PROBE_ODDS = 0.2      # the chance a probe finds the optimistic acceptance: its catch-up is weighed at it
+    DOUBT_MARGIN = 1.2    # re-explore at the doubted price only if drafting would win by this there
+    AGE = 0.1             # what a re-exploration that drafts keeps of the draft's timed forwards
+    BASELINE_EVERY = 128  # rounds with drafting before a plain one re-times the target's single token
+
+    def __init__(self, k_max: int = 8, passes: Optional[Callable] = None, free_draft: bool = False,
+                 clock: bool = True) -> None:
+        if k_max < 1:
+            raise ValueError(f"k_max must be >= 1, got {k_max}")
+        self.k_max, self.clock = k_max, clock
+        self.costs = Costs(passes, free_draft)
+        self.regimes: Dict[str, Regime] = {}
+        self.since_plain = 0
+
+    def regime(self, name: str) -> Regime:
+        """What is known in regime ``name`` (made empty on first use)."""
+        if name not in self.regimes:
+            self.regimes[name] = Regime(self.k_max)
+        return self.regimes[name]
+
+    def acceptance(self, regime: str) -> Acceptance:
+        return self.regime(regime).estimate
+
+    def measured(self, regime: str, acceptance: float, positions: int) -> None:  # see Regime.measured
+        self.regime(regime).measured(acceptance, positions)
+
+    def knows(self, regime: str) -> bool:
+        return self.regime(regime).known
+
+    def choose(self, slots: Sequence[SlotView]) -> List[int]:
+        """K for each sequence: the best common K, then each one's own in turn,
+        scored as expected tokens minus ``rate`` x predicted seconds, ``rate``
+        the best tokens/s of a steady round (no prompt, no catch-up): the
+        round's own tokens/s would draft where another's prompt made it slow."""
+        for s in slots:
+            self.regime(s.regime)
+        if self.clock and (not self.costs.target.known or self.since_plain >= self.BASELINE_EVERY):
+            return [s.cap if s.fixed else 0 for s in slots]
+        doubt = len(slots) == 1 and self._doubts(slots[0])
+        best = self._best(slots, doubt)
+        if doubt and best[0]:  # the forwards timed now price the draft, not the old ones
+            self.costs.draft.age(self.AGE)
+            self.costs.catchup.age(self.AGE)
+        return best
+
+    def _best(self, slots: Sequence[SlotView], doubt: bool = False, hope: bool = False) -> List[int]:
+        """The choice (see :meth:`choose`); ``hope``: every draft position accepted at 0.99."""
+        gains = [expected_tokens(s.cap, [0.99] * s.cap) if hope else
+                 self.regimes[s.regime].gains(s, len(slots) == 1, self.PROBE_K) for s in slots]
+        slots, probe = self._probes(slots)
+        lines = self.costs.lines(doubt)
+        steady = [s.steady() for s in slots]
+        commons = [[s.cap if s.fixed else min(k, s.cap) for s in slots] for k in range(self.k_max + 1)]
+        rate = max(sum(g[k] for g, k in zip(gains, ks)) / max(self.costs.seconds(steady, ks, lines), 1e-9)
+                   for ks in commons)
+        score = lambda ks: sum(g[k] for g, k in zip(gains, ks)) - rate * self.costs.seconds(slots, ks, lines)  # noqa
+        best = max(commons, key=score)
+        for i, s in enumerate(slots):
+            if not s.fixed and s.cap > 0:
+                options = (0, min(self.PROBE_K, s.cap)) if probe[i] else range(s.cap + 1)
+                best[i] = max(options, key=lambda k: score(best[:i] + [k] + best[i + 1:]))
+        return best
+
+    def _probes(self, slots: Sequence[SlotView]) -> tuple:
+        """``(slots, probe)``: one sequence per regime not known probes, its
+        catch-up spread over the tokens left times PROBE_ODDS; the others of
+        that regime wait (cap 0): 8 new requests probing at once, each with a
+        prompt to catch up on, read 0.65x k=0 on a fresh engine."""
+        out, probe, first = [], [], set()
+        for s in slots:
+            p = s.cap > 0 and not s.fixed and not self.knows(s.regime)
+            if p and s.regime in first:
+                p, s = False, replace(s, cap=0)
+            elif p:
+                first.add(s.regime)
+                left = Costs.HORIZON // 2 if s.remaining is None else s.remaining
+                s = replace(s, remaining=max(1, round(left * self.PROBE_ODDS)))
+            out.append(s)
+            probe.append(p)
+        return out, probe
+
+    def _doubts(self, s: SlotView) -> bool:
+        """Whether a lone sequence re-exploring prices the draft at most DOUBT of
+        a target token: if drafting would then win by DOUBT_MARGIN at the
+        optimistic acceptance. Priced in a slow phase of the draft, drafting
+        stopped for good (0.947 of the best K); at the estimated acceptance,
+        an estimate 0.03 lower (a stored record's) kept it stopped."""
+        r = self.regimes[s.regime]
+        if s.fixed or s.cap == 0 or r.idle < r.wait or not self.clock:
+            return False
+        g, steady, lines = expected_tokens(s.cap, [r.estimate.optimistic()] * s.cap), s.steady(), self.costs.lines(True)
+        rate = [g[k] / max(self.costs.seconds([steady], [k], lines), 1e-9) for k in range(s.cap + 1)]
+        return max(rate[1:]) > self.DOUBT_MARGIN * rate[0]
+
+    def worth_measuring(self, s: SlotView) -> bool:
+        """Whether to measure the draft on the prompt ``s`` is about to read:
+        while its regime is not known (whatever was stored: this keeps a record
+        a prior), if a probe would pay were the draft good (after a long prompt
+        a short answer could not repay the draft's catch-up)."""
+        cap = min(self.k_max, (s.remaining or Costs.HORIZON) - 1)
+        return not self.knows(s.regime) and cap > 0 and self._best([replace(s, target_lag=1, cap=cap)], hope=True)[0] > 0
+
+    def observe(self, regime: str, drafted: int, accepted: int, after_miss: bool = False,
+                confidences: Optional[Sequence[float]] = None) -> None:
+        """One sequence's verdict: ``accepted`` of ``drafted`` tokens (the
+        draft's ``confidences`` in them, for :meth:`p_min`)."""
+        if drafted:
+            self.regime(regime).observe(drafted, accepted, after_miss, confidences)
+
+    def round_done(self, slots: Sequence[SlotView], ks: Sequence[int], m: Optional[Measured]) -> None:
+        """After a round that drafted ``ks`` (what was proposed) for ``slots``:
+        its costs (``m``; None if untimed), and each regime's round."""
+        if m is not None and self.clock:
+            self.costs.observe(m, any(s.target_lag > 1 for s in slots), self.costs.passes(slots, ks))
+        chosen = any(k for s, k in zip(slots, ks) if not s.fixed)  # a fixed K is not the policy's
+        self.since_plain = self.since_plain + 1 if chosen else 0
+        drafted = {s.regime for s, k in zip(slots, ks) if k}
+        for name, r in self.regimes.items():
+            r.round(name in drafted)
+
+    def rates(self, regime: str) -> List[float]:
+        """Tokens per second a lone steady sequence of ``regime`` is predicted at, for K = 0..k_max."""
+        lone = SlotView(regime, self.k_max, remaining=Costs.HORIZON)
+        g, lines = expected_tokens(self.k_max, self.acceptance(regime).per_position()), self.costs.lines()
+        return [g[k] / max(self.costs.seconds([lone], [k], lines), 1e-9) for k in range(self.k_max + 1)]
+
+    def p_min(self, regime: str) -> float:
+        """``p_min="auto"``'s cutoff: below it a draft token is accepted less
+        often than one more draft token costs, in tokens at the best rate
+        (another draft forward, a target token and a row, from the lines)."""
+        (_, bt), (ad, bd), (_, br), _ = self.costs.lines()
+        return self.regime(regime).bins.cutoff((ad + bd + bt + br) * max(self.rates(regime)))
+
+    def explain(self, regime: str) -> str:
+        """One line for users: the K a lone sequence of ``regime`` would
+        draft, its predicted speed against plain decoding, each K's, and
+        what that rests on."""
+        c = self.costs
+        said = ("no forward timed yet" if not c.target.known else "costs from this process's rounds" +
+                ("" if c.draft.known or c.free else " (the draft's guessed: none of its forwards timed yet)"))
+        return why(self.rates(regime), self.acceptance(regime).total, said)
+
+
+def why(rates: Sequence[float], totals: Sequence[float], costs: str) -> str:
+    """The one line of :meth:`Policy.explain`: ``rates``, tokens per second
+    at K = 0..k_max; ``totals``, the acceptance's (accepted, verified);
+    ``costs``, where the costs come from."""
+    r, (acc, ver) = rates, totals
     best = max(range(1, len(r)), key=lambda k: (r[k], -k))
     head = (f"K={best} is predicted at {r[best] / r[0]:.2f}x plain decoding" if r[best] > r[0] else
             f"drafting off: the best draft length, K={best}, is predicted at {r[best] / r[0]:.2f}x plain decoding")
-    acc, ver = totals
     known = f"draft acceptance {acc / ver:.2f} over {ver:.0f} positions" if ver else "no acceptance known yet"
-    ks = " ".join(f"{k}:{r[k] / r[0]:.2f}" for k in range(1, len(r)))
-    return f"{head}{qualifier} (K {ks}); {known}; {costs}"
-
-
-class Retries:
-    """When a policy gone plain prices drafting again (:meth:`DraftPolicy.retry`):
-    after WAIT plain rounds in a row; each try that finds drafting still
-    losing doubles the wait, up to MAX, and drafting on its merits resets it."""
-
-    WAIT = 64
-    MAX = 1024
-    AGE = 0.1  # what a retry keeps of the drafting K's earlier round times
-
-    def __init__(self) -> None:
-        self.plain_run = 0      # plain rounds in a row
-        self.wait = self.WAIT   # the plain_run that makes a retry due
-        self.pending = False    # a retry's probe ran: the next round with no catch-up times K = k_max
-
-    def due(self) -> bool:
-        return self.plain_run >= self.wait
-
-    def start(self) -> None:
-        self.wait, self.pending = min(2 * self.wait, self.MAX), True
-
-    def take_timed_round(self) -> bool:
-        """Whether a retry's probe ran and its timed round is still to come (then it is taken)."""
-        pending, self.pending = self.pending, False
-        return pending
-
-    def on_merits(self) -> None:
-        self.wait = self.WAIT
-
-    def round(self, drafted: int) -> None:
-        self.plain_run = self.plain_run + 1 if drafted == 0 else 0
-
-
-class Trials:
-    """When a policy in plain decoding tries drafting: a probe (PROBE_K
-    drafts) when the draft might pay, and a retry of the round prices after
-    a long plain stretch. Both weigh the saving over the tokens left against
-    the draft's catch-up on the text it has not read (:meth:`repays`).
-
-    Args:
-        k_max: largest draft length considered.
-        arms: the policy's round times (catch-up prices; a retry ages them).
-    """
-
-    PROBE_K = 3           # drafts per probe: the catch-up dominates its cost, so learn several
-    PROBE_MARGIN = 1.10   # try only if the draft could beat plain decoding by this
-    PROBE_ODDS = 0.2      # the chance a probe finds the optimistic acceptance: its catch-up is weighed against it
-    HORIZON = 100         # tokens left when the caller cannot say (DraftModel): without one, each
-                          # probe at T=0.8 caught up on a whole previous answer, 0.85x plain
-
-    def __init__(self, k_max: int, arms: Arms) -> None:
-        self.k_max, self.arms = k_max, arms
-        self.retries = Retries()
-
-    def repays(self, k: int, remaining: Optional[int], lag: int, r: Sequence[float], odds: float = 1.0) -> bool:
-        """Whether drafting k over the ``remaining`` tokens (None: HORIZON)
-        at rates ``r`` (tokens per second, K = 0..k_max) saves more (times
-        ``odds``) than the draft's catch-up on ``lag`` tokens costs (a long
-        prompt before a short answer may not be worth it)."""
-        if lag <= 2:
-            return True
-        left = self.HORIZON if remaining is None else remaining
-        return odds * left * (1.0 / r[0] - 1.0 / r[k]) > self.arms.catchup_cost(lag - 2)
-
-    def worth_trying(self, r: Sequence[float], remaining: Optional[int], lag: int, odds: float = 1.0) -> bool:
-        """Whether, at rates ``r``, some K beats plain decoding by PROBE_MARGIN
-        and its saving (times ``odds``) repays the catch-up (:meth:`repays`)."""
-        best = max(range(1, self.k_max + 1), key=lambda k: r[k])
-        return r[best] > self.PROBE_MARGIN * r[0] and self.repays(best, remaining, lag, r, odds)
-
-    def probe(self, optimistic: Sequence[float], remaining: Optional[int], lag: int) -> int:
-        """PROBE_K, or 0: whether, at the rates of the optimistic acceptance,
-        the chance (PROBE_ODDS) of drafting's saving outweighs the catch-up.
-        With a poor draft, probes at even odds ran at every call's start,
-        2-3% of the run for nothing."""
-        return min(self.PROBE_K, self.k_max) if self.worth_trying(optimistic, remaining, lag, self.PROBE_ODDS) else 0
-
-    def retry(self, at_prior: Callable[[], Sequence[float]], remaining: Optional[int], lag: int) -> int:
-        """PROBE_K once a retry is due (:class:`Retries`), if drafting would
-        win by PROBE_MARGIN at rates ``at_prior()`` (the estimated acceptance,
-        the prior's prices anchored at plain decoding's time now) and the
-        catch-up repays (the acceptance is known; the price is in doubt).
-        The next round with no catch-up then times K = k_max, the earlier
-        prices aged (:meth:`Arms.age`).
-
-        Round times are relative to a speed all K share, but this machine
-        has phases in which the draft's forwards slow and the target's do
-        not: drafting priced in one stopped for good (simulator: 0.946 of
-        the best K), as nothing drafted again to re-price it. Each try that
-        finds drafting still losing doubles the wait, so the cost of a
-        draft that stays poor is bounded."""
-        if not (self.retries.due() and self.worth_trying(at_prior(), remaining, lag)):
-            return 0
-        self.retries.start()
-        self.arms.age(Retries.AGE)
-        return min(self.PROBE_K, self.k_max)
-
-
-class DraftPolicy:
-    """The choice of K each round, and of the draft confidence cutoff ``p_min``.
-
-    Args:
-        k_max: largest draft length considered.
-        costs: stored costs (a prior for untimed K); None: the built-in prior.
-        online_costs: time rounds; False keeps to the priors (a seeded run
-            with p/q verification must not read the clock).
-        decay: per-round decay of the acceptance counts (None: DECAY).
-        p_min: None (no cutoff), a float, or "auto" (learned from the draft's confidence).
-        prior: the draft's per-token acceptance measured beforehand; None: none.
-        retime: re-time plain decoding every BASELINE_EVERY rounds; False
-            for a policy whose plain rounds another policy asks for (a lookup's
-            in front of a draft model: see :mod:`specgguf.engine.lookup_first`).
-    """
-
-    DECAY = 0.95          # per round, on the acceptance counts: a memory of about 20 rounds
-    BASELINE_EVERY = 32   # one plain round this often while drafting: the guard needs a fresh T(1)
-    DRAFT_MARGIN = 1.10   # from plain decoding, draft when expected to win by this (it pays a catch-up)
-    STAY_MARGIN = 1.0     # once drafting, stop when expected to lose at all
-    EXPLORE = 0.03        # the upper-confidence bonus's scale, relative to a K's rate
-    GUARD = 0.7           # stop when recent drafting rounds delivered below this times plain's rate
-    FORGET = 0.2          # what is kept of the acceptance counts when the guard fires
-
-    def __init__(self, k_max: int = 8, costs: Optional[CostModel] = None, *, online_costs: bool = False,
-                 decay: Optional[float] = None, p_min=None, prior: Optional[float] = None,
-                 retime: bool = True) -> None:
-        if k_max < 1:
-            raise ValueError(f"k_max must be >= 1, got {k_max}")
-        self.k_max, self.online, self.retime = k_max, online_costs, retime
-        self.arms = Arms(k_max, priors(costs, online_costs))
-        self.acceptance = AcceptanceEstimate(k_max, prior, self.DECAY if decay is None else decay)
-        self.by_confidence = ConfidenceBins()
-        self.p_min_setting = check_p_min(p_min)
-        self.trials = Trials(k_max, self.arms)
-        self.drafting = False  # the last choice, before re-timing, was to draft
-        self.since_plain = 0   # rounds since the last plain one
-        self.lag = 0           # the lag the last choice was made at
-        self.after_miss = False  # the last round ended in a rejection (see acceptance.Counts)
-        self.delivered = Delivered()  # what recent timed drafting rounds delivered: the guard reads it
-
-    def rates(self, acc: Optional[Sequence[float]] = None, time=None) -> List[float]:
-        """Expected tokens per second (or per unit) for K = 0..k_max, at
-        per-position acceptances ``acc`` (None: the estimate's) and round
-        times ``time(k)`` (None: the measured ones, :meth:`Arms.time`)."""
-        e = expected_tokens(self.k_max, self.acceptance.per_position(self.after_miss) if acc is None else acc)
-        return [e[k] / (time or self.arms.time)(k) for k in range(self.k_max + 1)]
-
-    def best_k(self) -> int:
-        """The K with the best expected rate (0 unless drafting is expected to win at all)."""
-        return self._best(self.rates())
-
-    def _best(self, r: Sequence[float]) -> int:
-        k = max(range(1, self.k_max + 1), key=lambda k: (r[k], -k))
-        return k if r[k] > r[0] else 0
-
-    def choose(self, remaining: Optional[int] = None, lag: int = 0) -> int:
-        """K for the next round; ``remaining``: tokens left to generate (None:
-        unknown); ``lag``: tokens the draft has not evaluated."""
-        self.lag = lag
-        r = self.rates()
-        explore = [x * (1.0 + self.EXPLORE * self.arms.bonus(k)) for k, x in enumerate(r)] if self.online else r
-        k = max(range(1, self.k_max + 1), key=lambda k: (explore[k], -k))
-        margin = self.STAY_MARGIN if self.drafting else self.DRAFT_MARGIN
-        if (explore if self.drafting else r)[k] <= margin * r[0] or not self.trials.repays(k, remaining, lag, explore):
-            k = 0
-        self.drafting = k > 0
-        steady = lag <= 2 and (remaining is None or remaining > self.k_max)  # no catch-up, room for K = k_max
-        if steady and self.trials.retries.take_timed_round():
-            self.drafting = True
-            return self.k_max  # a retry's timed round: the price of long K as it is now
-        if k > 0:
-            self.trials.retries.on_merits()
-        if k == 0:
-            self.acceptance.idle()
-            k = self.probe(remaining, lag) or self.retry(remaining, lag)
-        elif self.online and self.retime and self.since_plain >= (self.BASELINE_EVERY if self.arms.timed[0] else 2):
-            k = 0  # re-time plain decoding; early if never timed (the first round also read the prompt)
-        elif self._losing():
-            # The estimate lags what happened (a llama-cpp-python Llama sampling
-            # at 0.8 after greedy calls: 13 losing rounds): mostly forget it.
-            self.acceptance.forget(self.FORGET)
-            self.delivered = Delivered()
-            self.drafting = False
-            k = 0
-        elif self.online and steady:
-            k = self._unspanned(r[0]) or k
-        return k
-
-    def _unspanned(self, plain: float) -> int:
-        """:meth:`Arms.unspanned`'s K, if at the optimistic acceptance and the
-        prior's price (anchored at plain decoding's time) it would beat
-        ``plain`` decoding's rate. A K that loses even so is not worth timing:
-        with the Q2_K draft (0.7) the K=8 round cost a first call 3-4% for nothing."""
-        u = self.arms.unspanned()
-        if not u:
-            return 0
-        return u if self.rates([self.acceptance.optimistic()] * self.k_max, self.arms.prior_time)[u] > plain else 0
-
-    def _losing(self) -> bool:
-        """The guard: recent drafting rounds delivered fewer tokens per second
-        than GUARD times plain decoding's rate."""
-        return bool(self.arms.timed[0]) and self.delivered.below(self.GUARD / self.arms.time(0))
-
-    def probe(self, remaining: Optional[int] = None, lag: int = 0) -> int:
-        """K for a probe from plain decoding, or 0 (:meth:`Trials.probe`)."""
-        return self.trials.probe(self.rates([self.acceptance.optimistic()] * self.k_max), remaining, lag)
-
-    def retry(self, remaining: Optional[int] = None, lag: int = 0) -> int:
-        """K for a retry of drafting's prices, or 0 (:meth:`Trials.retry`; never without a clock)."""
-        return self.trials.retry(lambda: self.rates(time=self.arms.prior_time), remaining, lag) if self.online else 0
-
-    def explain(self) -> str:
-        """One line on what the policy would draft now and what that rests
-        on: each K's predicted speed against plain decoding, the draft's
-        acceptance, and where the round times come from."""
-        costs = self.arms.source() if self.online else "stored round times (a seeded run does not read the clock)"
-        return why_line(self.rates(), self.acceptance.totals(), costs)
-
-    def p_min(self) -> Optional[float]:
-        """The confidence cutoff for the next round (None: no cutoff)."""
-        if self.p_min_setting != "auto":
-            return None if self.p_min_setting is None else float(self.p_min_setting)
-        # One more draft token costs S(k+1) - S(k): at the best rate, worth `need` tokens.
-        r = self.rates()
-        k = max(1, min(self._best(r), self.k_max - 1))
-        return self.by_confidence.cutoff((self.arms.time(k + 1) - self.arms.time(k)) * r[k])
-
-    def update(self, drafted: int, accepted: int, confidences: Optional[Sequence[float]] = None,
-               seconds: Optional[float] = None, first_seconds: Optional[float] = None,
-               catchup: Optional[tuple] = None) -> None:
-        """Record a round: ``drafted`` proposed, ``accepted`` kept; the draft's
-        confidence per token; the round's whole wall time (None: untimed);
-        ``first_seconds``: the draft's first forward, catch-up included, if
-        timed; ``catchup``: ``(acceptances, positions)`` the draft's
-        read-back of tokens it caught up on (:attr:`~specgguf.ops.drafter.Draft.catchup`)."""
-        if catchup:
-            self.acceptance.observe_skipped(float(catchup[0]), int(catchup[1]))
-        verified = min(drafted, accepted + 1)  # positions the verifier decided on
-        self.acceptance.observe(verified, accepted, self.after_miss)
-        self.after_miss = accepted < drafted
-        self.by_confidence.observe(verified, accepted, confidences, self.acceptance.decay)
-        caught_up = drafted > 0 and self.lag > 2
-        if self.online and seconds is not None and caught_up and first_seconds:
-            self.arms.observe_catchup(first_seconds, self.lag)
-        timed = None if (caught_up or not self.online) else seconds
-        self.arms.observe(drafted, timed)
-        if drafted and timed:
-            self.delivered.add(accepted + 1, timed)
-        self.since_plain = 0 if drafted == 0 else self.since_plain + 1
-        self.trials.retries.round(drafted)
+    return f"{head} (K {' '.join(f'{k}:{r[k] / r[0]:.2f}' for k in range(1, len(r)))}); {known}; {costs}"

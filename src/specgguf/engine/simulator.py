@@ -18,8 +18,7 @@ what decides a policy's speed is replayed.
   are scaled by lognormal noise, and bursts slow a stretch of rounds alike
   (another process on the machine).
 
-:func:`replay_engine` does the same through the engine's
-:class:`~specgguf.engine.batch_policy.BatchPolicy` (``serve``): one request
+:func:`replay_engine` does the same as the engine runs it (``serve``): one request
 at a time, each a new request in a slot (round 0 reads the prompt, the
 draft catches up on all of it when it first drafts).
 
@@ -44,8 +43,8 @@ from typing import Callable, List, Optional, Sequence
 import numpy as np
 
 from ..config import GenerationConfig
-from .batch_policy import BatchPolicy, SlotView
 from .learning import AUTO_K_MAX, Learning
+from .policy import Measured, Policy, SlotView
 from ..state import PairState, Store
 
 CHECK_ROWS = 32  # as ModelDrafter: the read-back covers at most the last 32 skipped tokens
@@ -136,79 +135,73 @@ def _accepted(call: Call, pos: int, k: int) -> int:
     return a
 
 
-def _run_call(call: Call, k, learning: Optional[Learning], config: GenerationConfig, clock: _Clock):
-    """One call; returns (tokens, seconds). ``k``: an int, or "auto" (the policy)."""
+def _round(call: Call, pos: int, view: SlotView, k: int, clock: _Clock) -> tuple:
+    """One round at output position ``pos`` drafting ``k`` for ``view``'s
+    sequence: ``(accepted, its Measured, the read-back of skipped tokens)``."""
     c = clock.c
-    seconds = 0.0
-    evaluated = 0  # context tokens the draft has evaluated (its KV), counted from the start
-    policy = None
-    if k == "auto":
-        def measure():  # the draft evaluates the prompt, as prompt_agreement does
-            nonlocal seconds, evaluated
-            seconds += c.draft_cost(call.prompt - 1)
-            evaluated = call.prompt - 1
-            sample = call.agree[:min(32, len(call.agree))]  # the prompt looks like the text
-            return (float(np.mean(sample)), len(sample)) if len(sample) >= 4 else None
-        policy = learning.policy(config, measure=measure)
-    pos, rounds, n = 0, 0, call.n
+    f, fd = clock.factor(), clock.draft_factor()
+    clock.round += 1
+    lag = view.draft_lag
+    forwards = [(lag, c.draft_cost(lag) * f * fd, 1)] + [(1, c.draft_cost(1) * f * fd, 1)] * (k - 1) if k else []
+    checked = 0 if not k or lag <= 2 else max(0, min(CHECK_ROWS, lag - 1, pos))  # as ModelDrafter's read-back
+    catchup = (float(sum(call.agree[pos - checked:pos])), checked) if checked else None
+    m = Measured(view.target_lag + k, c.target_cost(view.target_lag + k) * f, forwards, k + 1, c.other * f)
+    return _accepted(call, pos, k), m, catchup
+
+
+def _run_call(call: Call, k, policy: Optional[Policy], regime: str, clock: _Clock, read_back: bool = True,
+              evaluated: int = 0) -> tuple:
+    """One call; returns (tokens, seconds). ``k``: an int, or "auto"
+    (``policy``). Round 0 reads the prompt; the draft, which has evaluated
+    ``evaluated`` tokens of the context, catches up when it first drafts;
+    ``read_back``: its catch-up reads back the skipped tokens (the decoder's
+    ModelDrafter does, the engine's batched draft does not)."""
+    seconds, pos, rounds, n, after_miss = 0.0, 0, 0, call.n, False
     while pos < n:
-        context = call.prompt + pos
-        lag = context - evaluated
-        remaining = n - pos
-        want = 0 if rounds == 0 else (policy.choose(remaining, lag) if policy else k)
-        kk = min(want, remaining - 1)
-        f, fd = clock.factor(), clock.draft_factor()
-        clock.round += 1
-        draft_s = first_s = 0.0
-        catchup = None
-        if kk > 0:
-            first_s = c.draft_cost(lag) * f * fd
-            draft_s = first_s + (kk - 1) * c.draft_cost(1) * f * fd
-            checked = 0 if lag <= 2 else max(0, min(CHECK_ROWS, lag - 1, pos))
-            if checked:
-                catchup = (float(sum(call.agree[pos - checked:pos])), checked)
-        accepted = _accepted(call, pos, kk)
-        target_s = c.target_cost(call.prompt if rounds == 0 else kk + 1) * f  # round 0 reads the prompt
-        round_s = draft_s + target_s + c.other * f
-        seconds += round_s
+        context, remaining = call.prompt + pos, n - pos
+        cap = 0 if rounds == 0 else min(AUTO_K_MAX if k == "auto" else k, remaining - 1)
+        view = SlotView(regime, cap, k != "auto", call.prompt if rounds == 0 else 1, context - evaluated,
+                        remaining, after_miss)
+        kk = policy.choose([view])[0] if policy is not None else cap
+        accepted, m, catchup = _round(call, pos, view, kk, clock)
+        seconds += m.target_seconds + m.rest_seconds + sum(x[1] for x in m.draft_forwards)
         if policy is not None:
-            policy.update(kk, accepted, None, round_s if rounds > 0 else None, first_s if kk else None, catchup)
-        # The draft evaluated up to its last proposal but one; the cut-back keeps the accepted part.
-        if kk > 0:
+            if catchup and read_back:
+                policy.acceptance(regime).observe_skipped(*catchup)
+            policy.observe(regime, kk, accepted, after_miss)
+            policy.round_done([view], [kk], m)
+        after_miss = accepted < kk
+        if kk:  # the draft evaluated up to its last proposal but one; the cut-back keeps the accepted part
             evaluated = context + min(accepted, kk - 1)
         pos += accepted + 1
         rounds += 1
-    if policy is not None:
-        learning.finish(policy, config)
     return min(pos, n), seconds
 
 
-def _run_engine_call(call: Call, k, policy: BatchPolicy, regime: str, clock: _Clock):
-    """One call alone in the engine's rounds (``serve``, ``parallel`` > 1):
-    ``k`` an int, or "auto" (the :class:`BatchPolicy`, which learns from
-    the forwards it is shown as it does from the engine's). Returns (tokens, seconds)."""
-    c = clock.c
-    seconds, evaluated, pos, n = 0.0, 0, 0, call.n  # a new request: its slot's draft holds none of it
-    after_miss = False
-    while pos < n:
-        context, remaining = call.prompt + pos, n - pos
-        t_lag, lag = (call.prompt, context) if pos == 0 else (1, context - evaluated)
-        cap = 0 if t_lag > 1 else min(policy.k_max if k == "auto" else k, remaining - 1)
-        kk = policy.choose([SlotView(regime, cap, k != "auto", t_lag, lag, remaining, after_miss)])[0]
-        f, fd = clock.factor(), clock.draft_factor()
-        clock.round += 1
-        forwards = [(lag, c.draft_cost(lag) * f * fd, 1)] + [(1, c.draft_cost(1) * f * fd, 1)] * (kk - 1) if kk else []
-        accepted = _accepted(call, pos, kk)
-        target_s, other = c.target_cost(t_lag + kk) * f, c.other * f
-        seconds += target_s + other + sum(x[1] for x in forwards)
-        policy.costs.observe_round(t_lag + kk, target_s, forwards, kk + 1, other, prompt=t_lag > 1)
-        policy.observe(regime, kk, accepted, after_miss)
-        policy.round_done({regime} if kk else set())
-        after_miss = accepted < kk  # as the engine: a plain round ends a run of misses
-        if kk:
-            evaluated = context + min(accepted, kk - 1)
-        pos += accepted + 1
-    return min(pos, n), seconds
+def _prompt_measure(call: Call) -> Optional[tuple]:
+    """What measuring the draft on the call's prompt finds: the prompt is
+    taken to look like the text, so its first agreements (at most 32)."""
+    sample = call.agree[:min(32, len(call.agree))]
+    return (float(np.mean(sample)), len(sample)) if len(sample) >= 4 else None
+
+
+def _decoder_call(call: Call, k, learning: Learning, config: GenerationConfig, clock: _Clock) -> tuple:
+    """One call as :class:`~specgguf.SpeculativeLlama` runs it: the policy
+    from ``learning``, which has the draft measured on the prompt while it
+    has seen too little of it (as :func:`~specgguf.llama.adapter.prompt_agreement`
+    does: the draft evaluates the prompt), and the store updated after it."""
+    seconds, evaluated = 0.0, 0
+    policy = None
+    if k == "auto":
+        def measure():
+            nonlocal seconds, evaluated
+            seconds, evaluated = clock.c.draft_cost(call.prompt - 1), call.prompt - 1
+            return _prompt_measure(call)
+        view = SlotView(config.regime, AUTO_K_MAX, target_lag=call.prompt, draft_lag=call.prompt, remaining=call.n)
+        policy = learning.policy(config, measure, view)
+    tokens, spent = _run_call(call, k, policy, config.regime, clock, evaluated=evaluated)
+    learning.finish(policy, config)
+    return tokens, seconds + spent
 
 
 def replay(trace: Trace, k, seed: int = 0, store: Optional[Store] = None,
@@ -218,26 +211,35 @@ def replay(trace: Trace, k, seed: int = 0, store: Optional[Store] = None,
     store (default: a fresh temporary one: a new user); ``poison(state)``
     writes records before the first call."""
     with tempfile.TemporaryDirectory(prefix="specgguf-sim-") as tmp:
-        state = PairState(store or Store(tmp), f"sim|{trace.name}", "sim-machine")
+        state = PairState(store or Store(tmp), f"sim|{trace.name}")
         if poison is not None:
             poison(state)
         learning = Learning(state)
         clock = _Clock(trace.costs, np.random.default_rng(seed))
         tokens = seconds = 0.0
         for call in trace.calls:
-            t, s = _run_call(call, k, learning, trace.config, clock)
+            t, s = _decoder_call(call, k, learning, trace.config, clock)
             tokens, seconds = tokens + t, seconds + s
         return tokens / seconds
 
 
 def replay_engine(trace: Trace, k, seed: int = 0) -> float:
-    """:func:`replay` through the engine's :class:`BatchPolicy`, one request
-    at a time (one user of ``serve``), from a fresh engine."""
-    policy, regime = BatchPolicy(AUTO_K_MAX), trace.config.regime
+    """:func:`replay` as the engine runs it (``serve`` with several slots), one
+    request at a time, from a fresh engine: no store, and no read-back; each
+    request is new to its slot, so its draft catches up on all of it (in
+    its prompt round, when that round measures the draft on the prompt)."""
+    policy, regime = Policy(AUTO_K_MAX), trace.config.regime
     clock = _Clock(trace.costs, np.random.default_rng(seed))
     tokens = seconds = 0.0
     for call in trace.calls:
-        t, s = _run_engine_call(call, k, policy, regime, clock)
+        evaluated, got = 0, None
+        view = SlotView(regime, 0, target_lag=call.prompt, draft_lag=call.prompt, remaining=call.n)
+        if k == "auto" and policy.worth_measuring(view):
+            got = _prompt_measure(call)
+        if got is not None:
+            policy.measured(regime, *got)
+            seconds, evaluated = seconds + clock.c.draft_cost(call.prompt - 1), call.prompt - 1
+        t, s = _run_call(call, k, policy, regime, clock, read_back=False, evaluated=evaluated)
         tokens, seconds = tokens + t, seconds + s
     return tokens / seconds
 
@@ -316,13 +318,13 @@ def load_trace(path) -> Trace:
     return Trace(d["name"], Costs(**d["costs"]), [Call(**c) for c in d["calls"]], cfg)
 
 
-def busy_record(trace: Trace, draft_factor: float = 3.0, target_factor: float = 1.5):
-    """A poison for :func:`replay`: costs stored by a run while another
-    process held the CPU, the draft's forwards slowed most (``draft_factor``)
-    and the target's less: a record that says drafting loses."""
+def poor_record(trace: Trace, acceptance: float = 0.1, positions: float = 1000.0):
+    """A poison for :func:`replay`: stored evidence that the draft is poor
+    (``acceptance`` over ``positions``), as a run whose text did not suit the
+    draft leaves it: a record that says drafting loses. Stored state is a
+    prior: the run must overturn it."""
     def write(state: PairState) -> None:
-        c = trace.costs
-        state.save_costs({"draft": draft_factor * c.draft_cost(1), "target": [target_factor * t for t in c.target],
-                          "seconds": True, "draft_prefill": draft_factor * c.catchup_per_token,
-                          "draft_first": draft_factor * c.draft_cost(2)})
+        n = AUTO_K_MAX + 1
+        state.save_evidence(trace.config.regime, {"accepted": [acceptance * positions] * n,
+                            "verified": [positions] * n, "total": [acceptance * positions, positions]})
     return write

@@ -1,9 +1,10 @@
-"""Two llama.cpp models as the decoder's target and drafter.
+"""Two llama.cpp models as the decoder's target and drafter, and the engine's drafter.
 
 The target scores ``[last emitted token, d_1 .. d_K]`` in ONE ``llama_decode``
 with logits at those K+1 positions only (:class:`LlamaTarget`); the model
 drafter proposes token by token from its own KV cache and owns its lag
-behind the accepted text (:class:`ModelDrafter`). Both go through
+behind the accepted text (:class:`ModelDrafter`); for several slots at
+once, one batched forward per draft position (:class:`SlotDrafter`). Both go through
 :class:`~specgguf.llama.model.LlamaModel`, which evaluates only what each
 cache lacks. Both warp with the same :class:`~specgguf.ops.sampling.Sampler`,
 which is what keeps sampling exact.
@@ -68,11 +69,11 @@ class ModelDrafter:
             # extra output rows cost a fraction of the catch-up): a probe then
             # learns the draft's acceptance on all of them, not only on the few
             # tokens it drafts.
-            first = out.first is None
+            first, lag = not out.forwards, self.model.lag(seq)
             rows = self.model.eval(seq, 1 + (checked if first else 0))
             if first and checked:
                 catchup = agreement(self.sampler, rows[:-1], seq, len(seq) - checked)
-            out.forwarded()  # the read-back is part of the catch-up's cost
+            out.forwarded(lag)  # the read-back is part of the catch-up's cost
             tok, c, q = self.sampler.pick(rows[-1], seq)
             if out.refuses(c, p_min):
                 break
@@ -91,26 +92,102 @@ class ModelDrafter:
         return max(0, min(self.CHECK_ROWS, lag - 1, len(seq) - self.sampler.origin))
 
 
-def prompt_agreement(target: LlamaModel, draft: LlamaModel, ids: Sequence[int], sampler: Sampler,
-                     m: int = 32) -> Optional[tuple]:
+class SlotDrafter:
+    """A GGUF draft model drafting for several slots in shared rounds (the
+    engine's): one batched ``llama_decode`` per draft position across the
+    slots still drafting, the first also catching each one up; each slot
+    picks its tokens with its own sampler and stops at its own K or cutoff."""
+
+    def __init__(self, model: LlamaModel) -> None:
+        self.model = model
+
+    def lag(self, context: Sequence[int], slot: int) -> int:
+        return self.model.lag(context, slot)
+
+    def propose(self, work: Sequence[tuple]) -> tuple:
+        """``work``: ``(slot, context, sampler, k, p_min)`` per sequence (k 0:
+        none; p_min None: no cutoff). Returns each one's
+        :class:`~specgguf.ops.drafter.Draft` and the forwards run,
+        ``[(tokens, seconds, sequences)]``."""
+        drafts = [Draft(confidence=[]) for _ in work]
+        forwards, probs = [], [[] for _ in work]
+        seqs = {i: list(context) for i, (_, context, _, k, _) in enumerate(work) if k > 0}
+        while seqs:
+            tokens = sum(self.model.lag(seq, work[i][0]) for i, seq in seqs.items())
+            t0 = time.perf_counter()
+            rows = self.model.eval_many([(work[i][0], seq, 1) for i, seq in seqs.items()])
+            forwards.append((tokens, time.perf_counter() - t0, len(seqs)))
+            for (i, seq), row in zip(list(seqs.items()), rows):
+                _, _, sampler, k, p_min = work[i]
+                try:
+                    tok, conf, q = sampler.pick(row[-1], seq)
+                except ValueError:  # the draft found no token the rules allow: the target decides
+                    drafts[i].stop = "end"
+                    del seqs[i]
+                    continue
+                if p_min is not None and conf < p_min:
+                    drafts[i].stop = "cutoff"
+                    del seqs[i]
+                    continue
+                drafts[i].tokens.append(tok)
+                drafts[i].confidence.append(conf)
+                if q is not None:
+                    probs[i].append(q)
+                seq.append(tok)
+                if len(drafts[i].tokens) >= k:
+                    del seqs[i]
+        for d, p in zip(drafts, probs):
+            d.probs = np.stack(p) if p else None
+        return drafts, forwards
+
+    def agreement(self, work: Sequence[tuple]) -> tuple:
+        """``work``: ``(slot, prompt ids, sampler, the target's rows [n, V] for
+        its positions before the last)``: the draft catches up on each prompt
+        (but its last token), scoring the same positions in one forward.
+        Returns each one's acceptance (:func:`rows_agreement`) and the forward
+        run, ``(tokens, seconds, sequences)``."""
+        tokens = sum(self.model.lag(ids[:-1], slot) for slot, ids, _, _ in work)
+        t0 = time.perf_counter()
+        rows = self.model.eval_many([(slot, ids[:-1], len(t_rows)) for slot, ids, _, t_rows in work])
+        forward = (tokens, time.perf_counter() - t0, len(work))
+        return [rows_agreement(sampler, t_rows, d) for (_, _, sampler, t_rows), d in zip(work, rows)], forward
+
+
+MEASURE_ROWS = 32  # prompt positions a first run's measurement scores
+
+
+def prompt_rows(ids: Sequence[int], lag: int) -> int:
+    """How many positions of a prompt ``ids`` to measure the draft on, when
+    the target's cache lacks ``lag`` of them: the last MEASURE_ROWS, less the
+    last token (left to the first round: no work is done twice) and those the
+    target holds already (scored again, they cost a first call on a cached
+    prompt 0.46 s here); 0 for too few to say anything."""
+    n = min(MEASURE_ROWS, len(ids) - 2, lag - 1)
+    return n if n >= 4 else 0
+
+
+def rows_agreement(sampler: Sampler, t_rows: np.ndarray, d_rows: np.ndarray) -> float:
+    """The draft's acceptance over paired rows ``[n, V]`` of the target and the
+    draft (logits for the same positions), as the sampler's rule would
+    accept: argmax agreement (greedy), sum(min(p, q)) (exact), or the race's
+    lower bound s / (2 - s) (drafter-invariant)."""
+    if sampler.greedy:
+        return float(np.mean(np.argmax(t_rows, axis=1) == np.argmax(d_rows, axis=1)))
+    overlap = np.minimum(sampler.warp(t_rows), sampler.warp(d_rows)).sum(axis=1, dtype=np.float64)
+    return float(np.mean(overlap if sampler.rule == "exact" else overlap / (2.0 - overlap)))
+
+
+def prompt_agreement(target: LlamaModel, draft: LlamaModel, ids: Sequence[int], sampler: Sampler) -> Optional[tuple]:
     """The draft's acceptance on the prompt itself, measured on the way into
-    a first generation: both models score the prompt's last ``m`` positions
-    (the target evaluates the prompt anyway; the draft catches up on it, as it
-    would before its first proposal), and the rows are compared as the
-    sampler's rule would: argmax agreement (greedy), sum(min(p, q)) (exact),
-    or the race's lower bound s / (2 - s) (drafter-invariant). Returns
-    ``(acceptance, positions measured)``; None for a prompt too short to say.
-    The last prompt token is left to the first round, so the target does no
-    work twice; positions the target holds already (a prompt seen before,
-    a conversation's earlier turns) are not measured: scoring them again
-    cost a first call on a cached prompt 0.46 s here, 5% of four calls. The
-    draft's read-back of what it catches up on measures them instead
+    a first generation: both models score the prompt's last positions
+    (:func:`prompt_rows`; the target evaluates the prompt anyway, the draft
+    catches up on it as it would before its first proposal) and the rows are
+    compared by :func:`rows_agreement`. Returns ``(acceptance, positions
+    measured)``, or None for a prompt too short to say. The draft's read-back
+    of what it catches up on measures the rest
     (:attr:`~specgguf.ops.drafter.Draft.catchup`)."""
-    n = min(m, len(ids) - 2, target.lag(ids[:-1]))
-    if n < 4:
+    n = prompt_rows(ids, target.lag(ids))
+    if not n:
         return None
     t_rows, d_rows = target.eval(ids[:-1], n), draft.eval(ids[:-1], n)
-    if sampler.greedy:
-        return float(np.mean(np.argmax(t_rows, axis=1) == np.argmax(d_rows, axis=1))), n
-    overlap = np.minimum(sampler.warp(t_rows), sampler.warp(d_rows)).sum(axis=1, dtype=np.float64)
-    return float(np.mean(overlap if sampler.rule == "exact" else overlap / (2.0 - overlap))), n
+    return rows_agreement(sampler, t_rows, d_rows), n

@@ -15,14 +15,12 @@ never llama-cpp-python's ``logits_all`` ``n_ctx x V`` buffer. The adapter
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import platform
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import FrozenSet, List, Optional, Sequence, Union
+from typing import FrozenSet, List, Optional, Sequence, Tuple, Union
 
 import llama_cpp
 import numpy as np
@@ -102,19 +100,6 @@ def eog_tokens(llm: "llama_cpp.Llama") -> FrozenSet[int]:
     return frozenset(t for t in range(n) if llama_cpp.llama_vocab_is_eog(vocab, t))
 
 
-def machine_id(n_threads: int) -> str:
-    """What forward costs depend on besides the models: the CPU, the llama.cpp
-    build (its CPU features) and the thread count."""
-    cpu = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith(("model name", "Model"))), cpu)
-    except OSError:
-        pass
-    build = hashlib.sha256(llama_cpp.llama_print_system_info()).hexdigest()[:12]
-    return f"{platform.machine()}|{cpu}|{os.cpu_count()}|llama {llama_cpp.__version__} {build}|threads {n_threads}"
-
-
 def slot_context(llm: "llama_cpp.Llama", slots: int, slot_ctx: int, unified: bool = True):
     """A llama.cpp context over ``llm``'s weights with room for ``slots``
     sequences of ``slot_ctx`` tokens each. Settings (threads, flash
@@ -128,7 +113,7 @@ def slot_context(llm: "llama_cpp.Llama", slots: int, slot_ctx: int, unified: boo
     sequence (llama-server's with ``-np N``): attention reads a sequence's
     own cells only, and llama.cpp cuts a batch into ubatches of equal
     counts over runs of consecutive sequence ids
-    (:func:`specgguf.engine.batch_policy.ubatches`), one
+    (:func:`ubatches`), one
     pass over the weights each."""
     params = llama_cpp.llama_context_params.from_buffer_copy(llm.context_params)
     params.n_ctx = slots * slot_ctx
@@ -139,6 +124,26 @@ def slot_context(llm: "llama_cpp.Llama", slots: int, slot_ctx: int, unified: boo
         raise MemoryError(f"llama.cpp could not make a context for {slots} sequences of {slot_ctx} tokens "
                           "(out of memory? use fewer slots, e.g. a smaller --parallel, or a smaller context)")
     return ctx
+
+
+def ubatches(counts: Sequence[Tuple[int, int]]) -> int:
+    """How many ubatches (passes over the weights) a split KV cache's
+    ``llama_decode`` makes of a batch with ``counts``: ``(sequence id,
+    tokens)`` in the batch's order, ids increasing. As llama.cpp's
+    ``split_equal`` (sequential): each ubatch takes the run of consecutive
+    ids from the first sequence with tokens left, the same number of tokens
+    from each (the fewest any has left). Equal counts over consecutive ids:
+    one; a sequence left out or one with more tokens: another."""
+    left = [(s, n) for s, n in counts if n > 0]
+    passes = 0
+    while left:
+        run = 1
+        while run < len(left) and left[run][0] == left[run - 1][0] + 1:
+            run += 1
+        m = min(n for _, n in left[:run])
+        left = [(s, n - m) for s, n in left[:run] if n > m] + left[run:]
+        passes += 1
+    return passes
 
 
 def kv_bytes_per_token(llm: "llama_cpp.Llama") -> int:

@@ -19,7 +19,7 @@ import llama_cpp
 
 from .adapter import LlamaTarget, ModelDrafter, prompt_agreement
 from ..checks import check_int
-from .model import MIN_CTX, LlamaModel, ModelLike, check_slot_memory, eog_tokens, load_llama, machine_id
+from .model import MIN_CTX, LlamaModel, ModelLike, check_slot_memory, eog_tokens, load_llama
 from .models import resolve_model
 from ..ops.cross import CrossDrafter
 from ..ops.ngram import NgramDrafter
@@ -136,13 +136,12 @@ class ModelPair:
             self.drafter = self.draft_model
         self.text = PromptEncoder(self.target_llm, self.names[0])
         self.eog = eog_tokens(self.target_llm)
-        self.state = self._state(store or Store(), [tpath] + ([dpath] if dpath else []), load, model_free)
+        self.state = self._state(store or Store(), [tpath] + ([dpath] if dpath else []), model_free)
 
     @staticmethod
-    def _state(store: Store, paths: List[Path], load: _Loader, model_free: bool) -> PairState:
+    def _state(store: Store, paths: List[Path], model_free: bool) -> PairState:
         ids = [store.file_id(p) for p in paths] + (["ngram"] if model_free else [])
-        machine = machine_id(load.n_threads) + (f"|{load.workers.key()}" if load.workers else "")
-        return PairState(store, "+".join(ids), machine)
+        return PairState(store, "+".join(ids))
 
     @property
     def models(self) -> list:

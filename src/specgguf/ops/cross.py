@@ -213,8 +213,9 @@ class CrossDrafter:
         ends, sure = [], []  # after each draft token: the text's length, the draft's confidence in all of it
         out = Proposal(t0)
         for _ in range(2 * k + 2):  # the draft's tokens are often shorter than the target's
+            lag = self.model.lag(seq)
             row = self.model.eval(seq, 1)[-1]
-            out.forwarded()
+            out.forwarded(lag)
             tok = int(np.argmax(row))
             c = float(1.0 / np.exp(row - row[tok]).sum())
             piece = self.draft.pieces[tok]
@@ -233,7 +234,7 @@ class CrossDrafter:
         # Unless the draft ended its text, the last target token may still grow.
         ids = ids[:k] if out.stop == "end" else ids[:min(k, len(ids) - 1)]
         self._extend_draft(seq[len(self.d_ids):])
-        return Draft(ids, None, False, out.stop if ids else "end", self._confidence(ids, ends, sure), out.first)
+        return Draft(ids, None, False, out.stop if ids else "end", self._confidence(ids, ends, sure), out.forwards)
 
     def _confidence(self, ids: List[int], ends: List[int], sure: List[float]) -> List[float]:
         """Each target token's confidence: the draft's in all the text up to its end."""
@@ -258,8 +259,9 @@ class CrossDrafter:
         generation's sampler from the draft's row in target space."""
         out = Proposal(t0)
         for _ in range(k):
+            lag = self.model.lag(seq)
             row = self.vmap.to_target(self.model.eval(seq, 1)[-1:])[0]
-            out.forwarded()
+            out.forwarded(lag)
             try:
                 tok, c, q = self.sampler.pick(row, context)
             except ValueError:  # the generation's rules (a grammar) left no shared token

@@ -37,9 +37,11 @@ class Draft:
             draft's confidence fell below p_min) or ``"end"`` (nothing more
             to propose).
         confidence: the draft's probability of each proposed token, or None.
-        first_seconds: how long the first forward took (catch-up included),
-            for drafters that time it; the policy costs a round's first
-            draft token apart from the rest (see :mod:`specgguf.engine.policy`).
+        forwards: ``(tokens, seconds)`` of each draft forward, for drafters
+            that time them (the first evaluates what the draft had skipped:
+            its catch-up); the policy prices rounds from them (see
+            :mod:`specgguf.engine.policy`). ``[]``: no forward (a lookup);
+            None: not timed.
         catchup: ``(acceptances, positions)``: how the draft's rows for
             emitted tokens it had skipped agree with them under the
             verification rule (:meth:`~specgguf.ops.sampling.Sampler.agreement`),
@@ -51,7 +53,7 @@ class Draft:
     onehot: bool = False
     stop: str = "max"
     confidence: Optional[List[float]] = None
-    first_seconds: Optional[float] = None
+    forwards: Optional[List[Tuple[int, float]]] = None
     catchup: Optional[Tuple[float, int]] = None
 
 
@@ -70,12 +72,13 @@ class Proposal:
         self.probs: List[np.ndarray] = []
         self.confidence: List[float] = []
         self.stop = "max"
-        self.first: Optional[float] = None
+        self.forwards: List[Tuple[int, float]] = []
 
-    def forwarded(self) -> None:
-        """A forward finished: the first one's time is kept."""
-        if self.first is None:
-            self.first = time.perf_counter() - self.t0
+    def forwarded(self, tokens: int) -> None:
+        """A forward over ``tokens`` finished: its time since the last one is kept."""
+        now = time.perf_counter()
+        self.forwards.append((tokens, now - self.t0))
+        self.t0 = now
 
     def refuses(self, confidence: float, p_min: Optional[float]) -> bool:
         """The next token's confidence is below the cutoff: drafting stops ("cutoff")."""
@@ -93,7 +96,7 @@ class Proposal:
 
     def draft(self, catchup: Optional[Tuple[float, int]] = None) -> Draft:
         return Draft(self.tokens, np.stack(self.probs) if self.probs else None, False, self.stop,
-                     self.confidence, self.first, catchup)
+                     self.confidence, self.forwards, catchup)
 
 
 @runtime_checkable

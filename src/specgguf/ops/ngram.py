@@ -57,6 +57,6 @@ class NgramDrafter:
             p = self._index.get(tuple(seq[end - n:]))
             if p is not None and p < end:
                 tokens = seq[p:p + k]
-                return Draft(tokens, onehot=True, stop="max" if len(tokens) == k else "end")
-        return Draft([], onehot=True, stop="end")
+                return Draft(tokens, onehot=True, stop="max" if len(tokens) == k else "end", forwards=[])
+        return Draft([], onehot=True, stop="end", forwards=[])
 
