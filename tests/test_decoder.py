@@ -171,9 +171,9 @@ def test_a_drafts_read_back_and_its_forwards_reach_the_policy():
             super().round_done(slots, ks, m)
 
     policy = Recording()
-    est, read = policy.acceptance("greedy"), []
-    skipped = est.observe_skipped
-    est.observe_skipped = lambda a, n: (read.append((a, n)), skipped(a, n))
+    regime, read = policy.regime("greedy"), []
+    skipped = regime.read_back
+    regime.read_back = lambda a, n: (read.append((a, n)), skipped(a, n))
     dec = specgguf.SpeculativeDecoder(ReadingBack(make_draft(0.6)), target_step, k=policy, regime="greedy")
     dec.generate([1, 2, 3], max_new=20)
     drafted = [(lag, k, f) for lag, (k, f) in zip(policy.lags, policy.forwards) if k]

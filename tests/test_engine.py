@@ -217,7 +217,7 @@ def _policy(target, draft, acceptance, split=False):
     for n in (1, 2, 4, 8, 16, 32):
         p.costs.target.observe(n, target(n))
         p.costs.draft.observe(n, draft(n))
-    p.measured("greedy", acceptance, 1000)  # well known: 1000 positions
+    p.regime("greedy").measured(acceptance, 1000)  # well known: 1000 positions
     return p
 
 
@@ -276,7 +276,7 @@ def test_a_request_whose_draft_lags_its_prompt_drafts_when_the_catch_up_repays()
     fit(p.costs.draft, 0.0049, 0.0151)
     fit(p.costs.catchup, 0.138, 0.0083)
     fit(p.costs.rest, 0.0, 0.0002)
-    p.measured("greedy", 0.95, 20)
+    p.regime("greedy").measured(0.95, 20)
     assert p.choose([SlotView("greedy", 8, False, 1, 20, 127)])[0] >= 3
     p.regimes["greedy"].idle = Regime.EXPLORE_EVERY  # a lone slot long without drafting re-explores every K
     assert p.choose([SlotView("greedy", 8, False, 1, 20, 127)])[0] >= 3

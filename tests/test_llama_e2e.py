@@ -417,7 +417,7 @@ def test_a_process_measures_its_draft_once_and_clock_blind_runs_store_nothing(ta
     assert s.learning.state.evidence(regime) is None
     assert s.generate(msgs(PROMPTS[0]), max_tokens=16, **seeded).tokens == a.tokens
     s.generate(msgs(PROMPTS[0]), max_tokens=32, temperature=0.8, k="auto", drafter_invariant=False)
-    assert s.learning.online.knows(regime) and s.learning.state.evidence(regime) is not None
+    assert s.learning.online.regime(regime).known and s.learning.state.evidence(regime) is not None
     calls = []
     measure = lambda: calls.append(1)  # noqa: E731
     view = SlotView(regime, 8, target_lag=40, draft_lag=40, remaining=200)

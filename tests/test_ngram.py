@@ -97,7 +97,7 @@ def test_lookup_rounds_and_model_rounds_teach_their_own_policies():
     model = CallbackDrafter(lambda prefix, k: ([31] * k, None))
     model_policy = Policy(8)
     lookup = LookupFirst(NgramDrafter(n_min=2), Policy(8, free_draft=True))
-    model_policy.measured("greedy", 0.9, 32)  # make the model draft at first: it is wrong every time
+    model_policy.regime("greedy").measured(0.9, 32)  # make the model draft at first: it is wrong every time
     model_acc0 = model_policy.acceptance("greedy").total[0]
     dec = specgguf.SpeculativeDecoder(model, target_step, k=model_policy, lookup=lookup, regime="greedy")
     out = dec.generate([1, 2], 120)
@@ -106,7 +106,7 @@ def test_lookup_rounds_and_model_rounds_teach_their_own_policies():
     assert look_ver > 50 and look_acc == pytest.approx(look_ver)  # every lookup token was the passage's
     assert model_policy.regimes["greedy"].seen > 32  # the model drafted too ...
     assert model_policy.acceptance("greedy").total[0] < 0.5 * model_acc0  # ... and was wrong every time
-    assert lookup.policy.costs.target.known and model_policy.costs.target.known  # both timed plain rounds
+    assert lookup.policy.costs.timed and model_policy.costs.timed  # both timed plain rounds
 
 
 def test_ngram_draft_is_exact_through_the_decoder():

@@ -64,7 +64,7 @@ def test_picks_the_k_the_formula_says(a):
     """Timing its own forwards, the policy settles on the K with the most
     tokens per second (or one within 3% of it: the estimates are statistical)."""
     policy = Policy(8)
-    policy.measured("greedy", a, 32)
+    policy.regime("greedy").measured(a, 32)
     ks = Player(policy, BOARD, np.random.default_rng(0)).play(a, 1500)
     want = best_k(a, BOARD)
     assert want > 0
@@ -75,13 +75,13 @@ def test_picks_the_k_the_formula_says(a):
 def test_picks_zero_when_the_draft_cannot_pay():
     assert best_k(0.5, HERE) == 0
     policy = Policy(8)
-    policy.measured("greedy", 0.5, 32)
+    policy.regime("greedy").measured(0.5, 32)
     ks = Player(policy, HERE, np.random.default_rng(1)).play(0.5, 1000)
     assert ks[-800:].count(0) >= 0.99 * 800  # plain decoding, a rare try at most
     # A draft as slow as the target never pays: once measured, it is never drafted again.
     hopeless = dict(target=HERE["target"], draft=lambda n: 0.03 * n)
     policy = Policy(8)
-    policy.measured("greedy", 0.9, 32)
+    policy.regime("greedy").measured(0.9, 32)
     ks = Player(policy, hopeless, np.random.default_rng(1)).play(0.9, 500)
     assert sum(k > 0 for k in ks[20:]) <= 3
 
@@ -137,14 +137,14 @@ def test_lines_fit_what_forwards_took():
 
 def test_re_times_plain_decoding_while_drafting_and_a_blind_policy_never_does():
     policy = Policy(8)
-    policy.measured("greedy", 0.97, 32)
+    policy.regime("greedy").measured(0.97, 32)
     ks = Player(policy, BOARD, np.random.default_rng(3)).play(0.97, 600)
     plain = [i for i, k in enumerate(ks) if k == 0 and i > 5]
-    assert 2 <= len(plain) < 12 and max(np.diff(plain)) <= Policy.BASELINE_EVERY + 1
+    assert 2 <= len(plain) <= 600 // Policy.BASELINE_EVERY + 4 and max(np.diff(plain)) <= Policy.BASELINE_EVERY + 1
     frozen = Policy(8, clock=False)  # seeded p/q runs: the timing must not change the text
-    frozen.measured("greedy", 0.97, 32)
+    frozen.regime("greedy").measured(0.97, 32)
     ks = Player(frozen, BOARD, np.random.default_rng(0)).play(0.99, 300)
-    assert 0 not in ks[1:] and not frozen.costs.target.known
+    assert 0 not in ks[1:] and not frozen.costs.timed
 
 
 def test_a_round_after_a_rejection_has_its_own_first_position():
@@ -159,7 +159,7 @@ def test_a_round_after_a_rejection_has_its_own_first_position():
 
 def test_no_drafting_whose_catch_up_cannot_be_won_back():
     policy = Policy(8)
-    policy.measured("greedy", 0.9, 32)
+    policy.regime("greedy").measured(0.9, 32)
     Player(policy, BOARD, np.random.default_rng(5)).play(0.9, 60)
     lag = 2000  # the draft is far behind: its catch-up costs about a target forward of 2000 tokens' worth
     assert policy.choose([SlotView("greedy", 8, draft_lag=lag, remaining=2)]) == [0]
@@ -183,13 +183,32 @@ def test_a_catch_up_has_its_own_line_and_a_prompt_does_not_bend_the_round_lines(
     (at, bt), (ad, bd), _, _ = p.costs.lines()
     assert abs(bt - 0.006) < 1e-9 and abs(bd - 0.009) < 1e-9
     assert p.costs.catchup.known
-    p.measured("greedy", 0.9, 1000)
+    p.regime("greedy").measured(0.9, 1000)
     assert p.choose([SlotView("greedy", 8, draft_lag=40, remaining=128)])[0] > 0  # a draft 40 tokens behind drafts
+
+
+def test_a_single_token_forward_is_priced_as_timed_not_off_the_line():
+    """llama.cpp runs a 1-token forward by another kernel. Through
+    Llama(draft_model=...) a 2-token forward cost 31 ms and a 1-token one
+    21.5; K=1 rounds alone left the line's slope to its prior, which priced
+    plain decoding at 29 ms, and K=1 (1.6 tokens in 42 ms at sample-and-compare's
+    0.6) looked like 1.35x plain where it gave 0.7x."""
+    p = Policy(8)
+    view = SlotView("greedy", 8)
+    p.round_done([view], [0], Measured(1, 0.0215))
+    for _ in range(20):
+        p.round_done([view], [1], Measured(2, 0.031, [(1, 0.011, 1)], 2))
+    assert p.costs.target(1) > 0.028  # the line's own price for one token
+    assert p.costs.seconds([view], [0], p.costs.lines()) < 0.026  # as timed, the line's shape since aside
+    p.regime("greedy").measured(0.6, 64)
+    assert p.choose([SlotView("greedy", 8, remaining=100)]) == [0]
+    p.round_done([view], [0], Measured(1, 0.0215))  # re-timed: half way to what was timed
+    assert p.costs.seconds([view], [0], p.costs.lines()) < 0.0235
 
 
 def test_p_min_auto_learns_a_cutoff():
     policy = Policy(4)
-    policy.measured("greedy", 0.6, 32)
+    policy.regime("greedy").measured(0.6, 32)
     view = SlotView("greedy", 4)
     policy.round_done([view], [0], Measured(1, 1.0, (), 1, 0.0))
     policy.round_done([view], [4], Measured(5, 1.2, [(2, 0.1, 1)] + [(1, 0.08, 1)] * 3, 5, 0.0))
@@ -214,9 +233,9 @@ def test_a_stored_record_is_a_prior_and_a_measurement_outweighs_it():
     assert est.total[1] == pytest.approx(Acceptance.PRIOR_CAP)
     policy = Policy(8)
     policy.acceptance("greedy").add_record(est.record())
-    assert not policy.knows("greedy") and policy.acceptance("greedy").per_position()[0] < 0.3
-    policy.measured("greedy", 0.95, 32)  # this process's prompt, scored by both models
-    assert policy.knows("greedy") and min(policy.acceptance("greedy").per_position()) > 0.85
+    assert not policy.regime("greedy").known and policy.acceptance("greedy").per_position()[0] < 0.3
+    policy.regime("greedy").measured(0.95, 32)  # this process's prompt, scored by both models
+    assert policy.regime("greedy").known and min(policy.acceptance("greedy").per_position()) > 0.85
 
 
 def test_the_record_a_run_leaves_is_the_next_processs_prior(tmp_path):
@@ -227,13 +246,13 @@ def test_the_record_a_run_leaves_is_the_next_processs_prior(tmp_path):
     first = Learning(state)
     view = SlotView(config.regime, 8, target_lag=40, draft_lag=40, remaining=200)
     policy = first.policy(config, lambda: (0.3, 32), view)
-    assert policy.knows(config.regime)  # it measured
+    assert policy.regime(config.regime).known  # it measured
     Player(policy, HERE, np.random.default_rng(4)).play(0.3, 100)
     first.finish(policy, config)
     later = Learning(state).policy(config)  # no measurement: it keeps to the record, a few observations' worth
     assert later.acceptance(config.regime).total[1] == pytest.approx(Acceptance.PRIOR_CAP)
     assert later.acceptance(config.regime).per_position()[0] < 0.5
-    assert not later.knows(config.regime)  # and it would measure, given the chance
+    assert not later.regime(config.regime).known  # and it would measure, given the chance
     asked = []
     Learning(state).policy(config, lambda: asked.append(1), view)
     assert asked == [1]
@@ -257,14 +276,14 @@ def test_the_guard_forgets_an_estimate_the_text_contradicts():
     knew; without it a draft that had turned poor was retried after every
     plain round (simulator: 0.95 of plain)."""
     p = Policy(8)
-    p.measured("greedy", 0.9, 1000)
+    p.regime("greedy").measured(0.9, 1000)
     est = p.acceptance("greedy")
     before = est.total[1]
     for _ in range(5):
         p.observe("greedy", 6, 0, False)  # rejected at once, round after round
     assert est.total[1] < 0.3 * before
     q = Policy(8)
-    q.measured("greedy", 0.9, 1000)
+    q.regime("greedy").measured(0.9, 1000)
     for _ in range(20):  # what was promised, about
         q.observe("greedy", 4, 3, False)
         q.observe("greedy", 4, 4, False)
@@ -285,7 +304,7 @@ def test_drafting_priced_in_a_slow_phase_is_tried_again(monkeypatch):
         if not explore:
             monkeypatch.setattr(Regime, "EXPLORE_EVERY", 10 ** 9)
         policy = Policy(8)
-        policy.measured("greedy", 0.95, 32)
+        policy.regime("greedy").measured(0.95, 32)
         player = Player(policy, fast, np.random.default_rng(1))
         phase = player.play(0.95, 80, costs=slow)
         return phase, player.play(0.95, 400)
@@ -299,7 +318,7 @@ def test_drafting_priced_in_a_slow_phase_is_tried_again(monkeypatch):
 def test_explain_says_what_the_choice_rests_on():
     policy = Policy(8)
     assert "no forward timed yet" in policy.explain("greedy")
-    policy.measured("greedy", 0.95, 32)
+    policy.regime("greedy").measured(0.95, 32)
     Player(policy, BOARD, np.random.default_rng(0)).play(0.95, 20)
     line = policy.explain("greedy")
     assert "predicted at" in line and "acceptance" in line and "this process's rounds" in line

@@ -296,7 +296,7 @@ class Engine:
         with self.cond:
             for i, (t, d, rows) in enumerate(zip(active, drafts, logits)):
                 if i in measured:
-                    self.policy.measured(t.regime, measured[i], measure[i])
+                    self.policy.regime(t.regime).measured(measured[i], measure[i])
                 rows = rows[measure.get(i, 0):]
                 try:  # a request's own rules (a grammar with no way on) fail that request only
                     n, nxt = t.sampler.verify(t.sampler.target_rows(rows, t.ids + d.tokens), d, t.stats.emitted)

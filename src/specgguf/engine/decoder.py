@@ -7,6 +7,7 @@ prefix plus one correction or bonus token. Any pair of models composes:
     drafter:      a :class:`~specgguf.ops.drafter.Drafter` (propose, lag), or a
                   function draft_step(prefix, k) -> (tokens, probs[, info])
     target_step(prefix, proposed) -> [len(proposed) + 1, V] float array
+                  (optionally with lag(prefix): the tokens of prefix it would evaluate)
 
 ``prefix`` is the whole sequence so far (prompt plus emitted tokens).
 ``target_step``'s row i scores the token after ``prefix + proposed[:i]``.
@@ -238,7 +239,10 @@ class SpeculativeDecoder:
         first = self.stats.rounds == 0
         cap = 0 if first and self.plain_first else min(self.k, remaining - 1)
         lag = self.drafter.lag(prefix) if self.policy is not None else 1  # O(context): only for a policy
-        view = SlotView(self.regime, cap, self.policy is None, len(prefix) if first else 1, lag, remaining, after_miss)
+        # A first round reads the prompt, unless the target says it holds all but its last token (the
+        # prompt's measurement left it so): then it is an ordinary round, and times one.
+        t_lag = getattr(self.target_step, "lag", lambda p: len(p))(prefix) if first else 1
+        view = SlotView(self.regime, cap, self.policy is None, t_lag, lag, remaining, after_miss)
         return next_turn(prefix, view, self.drafter, self.policy, self.k, self.lookup)
 
     def _draft(self, turn: Turn, prefix: List[int]) -> Draft:

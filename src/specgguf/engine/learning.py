@@ -75,7 +75,7 @@ class Learning:
         if measure is not None and view is not None and policy.worth_measuring(view):
             got = measure()
             if got is not None:
-                policy.measured(config.regime, got[0], got[1])
+                policy.regime(config.regime).measured(got[0], got[1])
         return policy
 
     def ready(self, policy: Policy, config: GenerationConfig) -> None:

@@ -89,7 +89,7 @@ def report(turn: Turn, lookup: Optional[LookupFirst], draft: Draft, accepted: in
     view, n = turn.view, len(draft.tokens)
     if turn.policy is not None:
         if draft.catchup:
-            turn.policy.acceptance(view.regime).observe_skipped(float(draft.catchup[0]), int(draft.catchup[1]))
+            turn.policy.regime(view.regime).read_back(float(draft.catchup[0]), int(draft.catchup[1]))
         turn.policy.observe(view.regime, n, accepted, view.after_miss, draft.confidence)
         turn.policy.round_done([view], [n], m)
     if n == 0 and lookup is not None and lookup.policy is not None and lookup.policy is not turn.policy:

@@ -256,6 +256,18 @@ class Costs:
     def __init__(self, passes: Optional[Callable] = None, free_draft: bool = False) -> None:
         self.count_passes, self.free = passes, free_draft
         self.target, self.draft, self.catchup, self.rest = LineFit(), LineFit(), LineFit(), LineFit()
+        # A 1-token target forward has its own price, not the line's: llama.cpp runs it by another
+        # kernel, 10% under a line through rounds of 6-9 tokens here (drafting promised 1.73x, gave
+        # 1.37x), and through Llama(draft_model=...) at 0.69 of a 2-token one (priced off K=1 rounds,
+        # K=1 looked like 1.35x plain decoding and gave 0.7x). Kept as seconds and as a ratio to the
+        # line's price (so it follows the machine's speed), re-timed every BASELINE_EVERY rounds.
+        self.one: Optional[float] = None
+        self.single: Optional[float] = None
+
+    @property
+    def timed(self) -> bool:
+        """Some target forward of a round was timed."""
+        return self.target.known
 
     def lines(self, doubt: bool = False) -> tuple:
         """The lines ``(a, b)`` of the target (before any forward: one unit
@@ -285,8 +297,8 @@ class Costs:
         (spread over rounds instead, a request whose draft lagged its prompt
         never drafted, its lag growing each plain round)."""
         (at, bt), (ad, bd), (ar, br), doubt = lines
-        n = sum(ks)
-        t = at * self.passes(slots, ks) + bt * (sum(s.target_lag for s in slots) + n) + ar + br * (n + len(slots))
+        n, b = sum(ks), sum(s.target_lag for s in slots) + sum(ks)
+        t = (at * self.passes(slots, ks) + bt * b) * (self.single or 1.0 if b == 1 else 1.0) + ar + br * (n + len(slots))
         if not n:
             return t
         first = later = extra = 0.0
@@ -309,10 +321,23 @@ class Costs:
         fitted with the rounds' 1-9 bent the lines flat (K=8 promised 1.7x
         plain decoding and delivered 1.15x)."""
         if not prompt and passes == 1:
-            self.target.observe(m.target_tokens, m.target_seconds)
+            t = m.target_seconds
+            if m.target_tokens == 1:
+                self.one = _follow(self.one, t)
+                if self.target.known:
+                    self.single = _follow(self.single, t / self.target(1))
+            self.target.observe(m.target_tokens, t)
+            if self.single is None and m.target_tokens > 1 and self.one is not None:  # the first line to hold it
+                self.single = self.one / self.target(1)
         for n, sec, seqs in m.draft_forwards:
             (self.draft if n <= self.STEADY * seqs else self.catchup).observe(n, sec)
         self.rest.observe(m.rows, m.rest_seconds)
+
+
+def _follow(old: Optional[float], new: float) -> float:
+    """An estimate moved towards ``new``: noise adds time, so a faster reading is trusted more, and a
+    hiccup moves it a quarter of 25% at most."""
+    return new if old is None else old + (0.5 if new < old else 0.25) * (min(new, 1.25 * old) - old)
 
 
 class Regime:
@@ -338,6 +363,12 @@ class Regime:
         (a stored record, a calibration) is a prior, never a verdict."""
         return self.seen >= self.EVIDENCE
 
+    def read_back(self, accepted: float, positions: int) -> None:
+        """The draft's read-back of ``positions`` tokens it caught up on
+        (:meth:`Acceptance.observe_skipped`): seen in this process, as verdicts are."""
+        self.estimate.observe_skipped(accepted, positions)
+        self.seen += positions
+
     def measured(self, acceptance: float, positions: int) -> None:
         """The draft measured on this process's own text (a prompt, scored by
         both models): evidence at every position, which outweighs what was
@@ -362,16 +393,21 @@ class Regime:
             self.estimate.forget(self.FORGET)
             self.promised = [0.0, 0.0, 0.0]
 
-    def round(self, drafted: bool) -> None:
-        """A round passed. A re-exploration the next round drafts on from
-        resets the wait, one it drops doubles it: a draft too poor to pay
-        caught up on the whole text every 48 rounds, 4-5% of each call."""
+    def round(self, drafted: bool, clear: bool) -> None:
+        """A round passed (``clear``: its choice was predicted to win clearly).
+        A try (a re-exploration, and the drafting after it while no clear
+        gain is predicted) that finds a clear gain resets the wait; one that
+        goes plain doubles it. A draft too poor to pay caught up on the whole
+        text every 48 rounds (4-5% of each call); one at break-even, retried
+        and kept for a round or two at a predicted 1.0-1.1x, every 48-80
+        (Llama(draft_model=...) at 0.8: 0.89x plain)."""
         explored = drafted and self.idle >= self.wait
-        if drafted and not explored:
+        if drafted and clear and not explored:
             self.wait = self.EXPLORE_EVERY
         elif not drafted and self.trying:
             self.wait = min(2 * self.wait, self.EXPLORE_EVERY * self.EXPLORE_BACKOFF)
-        self.trying, self.idle = explored, 0 if drafted else self.idle + 1
+        self.trying = explored or (self.trying and drafted and not clear)
+        self.idle = 0 if drafted else self.idle + 1
         if not drafted:
             self.estimate.idle += 1
 
@@ -401,7 +437,9 @@ class Policy:
     PROBE_ODDS = 0.2      # the chance a probe finds the optimistic acceptance: its catch-up is weighed at it
     DOUBT_MARGIN = 1.2    # re-explore at the doubted price only if drafting would win by this there
     AGE = 0.1             # what a re-exploration that drafts keeps of the draft's timed forwards
-    BASELINE_EVERY = 128  # rounds with drafting before a plain one re-times the target's single token
+    BASELINE_EVERY = 32   # rounds with drafting before a plain one re-times the target's single token
+    ENTRY = 1.05          # a gain predicted above this is clear: from plain decoding, a lone sequence drafts
+                          # only then (it pays a catch-up), and only then does a try count as found
 
     def __init__(self, k_max: int = 8, passes: Optional[Callable] = None, free_draft: bool = False,
                  clock: bool = True) -> None:
@@ -410,7 +448,7 @@ class Policy:
         self.k_max, self.clock = k_max, clock
         self.costs = Costs(passes, free_draft)
         self.regimes: Dict[str, Regime] = {}
-        self.since_plain = 0
+        self.since_plain, self.clear = 0, False  # rounds since a plain one; the last choice clearly won
 
     def regime(self, name: str) -> Regime:
         """What is known in regime ``name`` (made empty on first use)."""
@@ -421,12 +459,6 @@ class Policy:
     def acceptance(self, regime: str) -> Acceptance:
         return self.regime(regime).estimate
 
-    def measured(self, regime: str, acceptance: float, positions: int) -> None:  # see Regime.measured
-        self.regime(regime).measured(acceptance, positions)
-
-    def knows(self, regime: str) -> bool:
-        return self.regime(regime).known
-
     def choose(self, slots: Sequence[SlotView]) -> List[int]:
         """K for each sequence: the best common K, then each one's own in turn,
         scored as expected tokens minus ``rate`` x predicted seconds, ``rate``
@@ -434,17 +466,22 @@ class Policy:
         round's own tokens/s would draft where another's prompt made it slow."""
         for s in slots:
             self.regime(s.regime)
-        if self.clock and (not self.costs.target.known or self.since_plain >= self.BASELINE_EVERY):
+        if self.clock and (not self.costs.timed or self.since_plain >= self.BASELINE_EVERY):
             return [s.cap if s.fixed else 0 for s in slots]
         doubt = len(slots) == 1 and self._doubts(slots[0])
-        best = self._best(slots, doubt)
+        best, margin = self._best(slots, doubt)
+        self.clear = margin >= self.ENTRY
+        lone = len(slots) == 1 and not slots[0].fixed and self.regimes[slots[0].regime].known
+        if lone and self.since_plain == 0 and not self.clear and not doubt:
+            return [0]  # K=1 entered at a predicted 1.0-1.05x gave 0.83x through Llama(draft_model=...)
         if doubt and best[0]:  # the forwards timed now price the draft, not the old ones
             self.costs.draft.age(self.AGE)
             self.costs.catchup.age(self.AGE)
         return best
 
-    def _best(self, slots: Sequence[SlotView], doubt: bool = False, hope: bool = False) -> List[int]:
-        """The choice (see :meth:`choose`); ``hope``: every draft position accepted at 0.99."""
+    def _best(self, slots: Sequence[SlotView], doubt: bool = False, hope: bool = False) -> tuple:
+        """The choice (see :meth:`choose`) and the steady rate it is predicted at
+        over plain decoding's; ``hope``: every draft position accepted at 0.99."""
         gains = [expected_tokens(s.cap, [0.99] * s.cap) if hope else
                  self.regimes[s.regime].gains(s, len(slots) == 1, self.PROBE_K) for s in slots]
         slots, probe = self._probes(slots)
@@ -459,7 +496,7 @@ class Policy:
             if not s.fixed and s.cap > 0:
                 options = (0, min(self.PROBE_K, s.cap)) if probe[i] else range(s.cap + 1)
                 best[i] = max(options, key=lambda k: score(best[:i] + [k] + best[i + 1:]))
-        return best
+        return best, rate * self.costs.seconds(steady, commons[0], lines) / max(1e-9, sum(g[0] for g in gains))
 
     def _probes(self, slots: Sequence[SlotView]) -> tuple:
         """``(slots, probe)``: one sequence per regime not known probes, its
@@ -468,7 +505,7 @@ class Policy:
         prompt to catch up on, read 0.65x k=0 on a fresh engine."""
         out, probe, first = [], [], set()
         for s in slots:
-            p = s.cap > 0 and not s.fixed and not self.knows(s.regime)
+            p = s.cap > 0 and not s.fixed and not self.regime(s.regime).known
             if p and s.regime in first:
                 p, s = False, replace(s, cap=0)
             elif p:
@@ -498,7 +535,7 @@ class Policy:
         a prior), if a probe would pay were the draft good (after a long prompt
         a short answer could not repay the draft's catch-up)."""
         cap = min(self.k_max, (s.remaining or Costs.HORIZON) - 1)
-        return not self.knows(s.regime) and cap > 0 and self._best([replace(s, target_lag=1, cap=cap)], hope=True)[0] > 0
+        return not self.regime(s.regime).known and cap > 0 and self._best([replace(s, target_lag=1, cap=cap)], hope=True)[0][0] > 0
 
     def observe(self, regime: str, drafted: int, accepted: int, after_miss: bool = False,
                 confidences: Optional[Sequence[float]] = None) -> None:
@@ -516,7 +553,7 @@ class Policy:
         self.since_plain = self.since_plain + 1 if chosen else 0
         drafted = {s.regime for s, k in zip(slots, ks) if k}
         for name, r in self.regimes.items():
-            r.round(name in drafted)
+            r.round(name in drafted, self.clear)
 
     def rates(self, regime: str) -> List[float]:
         """Tokens per second a lone steady sequence of ``regime`` is predicted at, for K = 0..k_max."""
@@ -536,7 +573,7 @@ class Policy:
         draft, its predicted speed against plain decoding, each K's, and
         what that rests on."""
         c = self.costs
-        said = ("no forward timed yet" if not c.target.known else "costs from this process's rounds" +
+        said = ("no forward timed yet" if not c.timed else "costs from this process's rounds" +
                 ("" if c.draft.known or c.free else " (the draft's guessed: none of its forwards timed yet)"))
         return why(self.rates(regime), self.acceptance(regime).total, said)
 

@@ -167,7 +167,7 @@ def _run_call(call: Call, k, policy: Optional[Policy], regime: str, clock: _Cloc
         seconds += m.target_seconds + m.rest_seconds + sum(x[1] for x in m.draft_forwards)
         if policy is not None:
             if catchup and read_back:
-                policy.acceptance(regime).observe_skipped(*catchup)
+                policy.regime(regime).read_back(*catchup)
             policy.observe(regime, kk, accepted, after_miss)
             policy.round_done([view], [kk], m)
         after_miss = accepted < kk
@@ -237,7 +237,7 @@ def replay_engine(trace: Trace, k, seed: int = 0) -> float:
         if k == "auto" and policy.worth_measuring(view):
             got = _prompt_measure(call)
         if got is not None:
-            policy.measured(regime, *got)
+            policy.regime(regime).measured(*got)
             seconds, evaluated = seconds + clock.c.draft_cost(call.prompt - 1), call.prompt - 1
         t, s = _run_call(call, k, policy, regime, clock, read_back=False, evaluated=evaluated)
         tokens, seconds = tokens + t, seconds + s

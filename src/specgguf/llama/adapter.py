@@ -32,6 +32,10 @@ class LlamaTarget:
         self.sampler = Sampler()
         self.warp_seconds = 0.0
 
+    def lag(self, prefix: Sequence[int]) -> int:
+        """Tokens of ``prefix`` the target's cache lacks (what a call evaluates besides the proposals)."""
+        return self.model.lag(prefix)
+
     def __call__(self, prefix: Sequence[int], proposed: Sequence[int]) -> np.ndarray:
         context = list(prefix) + list(proposed)
         logits = self.model.eval(context, len(proposed) + 1)
