@@ -144,7 +144,7 @@ def test_re_times_plain_decoding_while_drafting_and_a_blind_policy_never_does():
     frozen = Policy(8, clock=False)  # seeded p/q runs: the timing must not change the text
     frozen.regime("greedy").measured(0.97, 32)
     ks = Player(frozen, BOARD, np.random.default_rng(0)).play(0.99, 300)
-    assert 0 not in ks[1:] and not frozen.costs.timed
+    assert 0 not in ks[1:] and not frozen.costs.target.known
 
 
 def test_a_round_after_a_rejection_has_its_own_first_position():

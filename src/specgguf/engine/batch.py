@@ -96,8 +96,8 @@ class Ticket:
         ``k_max`` (its own fixed K instead), none while its prompt is read."""
         t_lag, remaining = target.lag(self.ids, self.slot), self.budget - self.stats.emitted
         cap = 0 if t_lag > 1 or not k_max else min(k_max if self.k is None else self.k, remaining - 1)
-        return SlotView(self.regime, max(0, cap), self.k is not None, t_lag,
-                        draft.lag(self.ids, self.slot) if draft is not None else 0, remaining, self.after_miss, self.slot)
+        d_lag = draft.lag(self.ids, self.slot) if draft is not None else 0
+        return SlotView(self.regime, max(0, cap), self.k is not None, t_lag, d_lag, remaining, self.after_miss, self.slot)
 
     def emit(self, tokens: Sequence[int], n_draft: int) -> bool:
         """Hand ``tokens`` (the first ``n_draft`` accepted drafts) to the
@@ -202,8 +202,7 @@ class Engine:
             used when there is no draft model.
         policy: the :class:`~specgguf.engine.policy.Policy` that picks each
             slot's K (its ``passes`` must count the target's: with a stream per
-            slot, :func:`~specgguf.llama.model.ubatches`); only the engine's
-            thread touches it between :meth:`submit` and the end of a request.
+            slot, :func:`~specgguf.llama.model.ubatches`), under the engine's lock.
     """
 
     def __init__(self, target: LlamaModel, draft: Optional[LlamaModel] = None, ngram=None,
@@ -284,7 +283,7 @@ class Engine:
         with self.cond:  # the policy is shared with submit's callers
             ks = self.policy.choose(views)
             cutoffs = [self.policy.p_min(t.regime) if t.p_min == "auto" else t.p_min for t in active]
-            measure = self._to_measure(active, views)
+            measure = to_measure(active, views, self.policy) if self.drafter is not None else {}
         t0 = time.perf_counter()
         drafts, forwards = self._draft(active, ks, cutoffs)
         t1 = time.perf_counter()
@@ -314,23 +313,6 @@ class Engine:
             self.policy.round_done(views, drafted, Measured(target_tokens, t2 - t1, forwards,
                                                             sum(drafted) + len(drafts), rest))
 
-    def _to_measure(self, active: Sequence[Ticket], views: Sequence[SlotView]) -> dict:
-        """``{index: positions}``: the requests whose prompt round also
-        measures the draft on the prompt (:func:`~specgguf.llama.adapter.prompt_rows`),
-        one per regime the policy has seen too little of in this process and
-        where drafting could pay (:meth:`~specgguf.engine.policy.Policy.worth_measuring`),
-        as the decoder's first run does: a stored record is a prior, and a
-        probe into a poor draft pays its whole catch-up to learn three tokens."""
-        out, regimes = {}, set()
-        for i, (t, v) in enumerate(zip(active, views)):
-            if (self.draft is not None and t.k is None and v.target_lag > 1 and t.regime not in regimes
-                    and self.policy.worth_measuring(v)):
-                n = prompt_rows(t.ids, v.target_lag)
-                if n:
-                    out[i] = n
-                    regimes.add(t.regime)
-        return out
-
     def _measure(self, active: Sequence[Ticket], logits: List[np.ndarray], measure: dict, forwards: list) -> dict:
         """The draft's acceptance on each measured prompt (``{index: acceptance}``):
         the draft catches up on it, scoring the positions the target's first
@@ -349,3 +331,20 @@ class Engine:
         if self.drafter is None:
             return [self.ngram.propose(t.ids, k) if k > 0 else Draft(confidence=[]) for t, k in zip(active, ks)], []
         return self.drafter.propose([(t.slot, t.ids, t.sampler, k, c) for t, k, c in zip(active, ks, cutoffs)])
+
+
+def to_measure(active: Sequence[Ticket], views: Sequence[SlotView], policy: Policy) -> dict:
+    """``{index: positions}``: the requests whose prompt round also measures
+    the draft on the prompt (:func:`~specgguf.llama.adapter.prompt_rows`),
+    one per regime the policy has seen too little of in this process and
+    where drafting could pay (:meth:`~specgguf.engine.policy.Policy.worth_measuring`),
+    as the decoder's first run does: a stored record is a prior, and a probe
+    into a poor draft pays its whole catch-up to learn three tokens."""
+    out, regimes = {}, set()
+    for i, (t, v) in enumerate(zip(active, views)):
+        if t.k is None and v.target_lag > 1 and t.regime not in regimes and policy.worth_measuring(v):
+            n = prompt_rows(t.ids, v.target_lag)
+            if n:
+                out[i] = n
+                regimes.add(t.regime)
+    return out

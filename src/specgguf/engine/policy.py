@@ -260,14 +260,10 @@ class Costs:
         # kernel, 10% under a line through rounds of 6-9 tokens here (drafting promised 1.73x, gave
         # 1.37x), and through Llama(draft_model=...) at 0.69 of a 2-token one (priced off K=1 rounds,
         # K=1 looked like 1.35x plain decoding and gave 0.7x). Kept as seconds and as a ratio to the
-        # line's price (so it follows the machine's speed), re-timed every BASELINE_EVERY rounds.
+        # line's price (so it follows the machine's speed), re-timed every BASELINE_EVERY rounds;
+        # its seconds until a line holds it.
         self.one: Optional[float] = None
         self.single: Optional[float] = None
-
-    @property
-    def timed(self) -> bool:
-        """Some target forward of a round was timed."""
-        return self.target.known
 
     def lines(self, doubt: bool = False) -> tuple:
         """The lines ``(a, b)`` of the target (before any forward: one unit
@@ -298,7 +294,8 @@ class Costs:
         never drafted, its lag growing each plain round)."""
         (at, bt), (ad, bd), (ar, br), doubt = lines
         n, b = sum(ks), sum(s.target_lag for s in slots) + sum(ks)
-        t = (at * self.passes(slots, ks) + bt * b) * (self.single or 1.0 if b == 1 else 1.0) + ar + br * (n + len(slots))
+        single = (self.single or 1.0) if b == 1 else 1.0
+        t = (at * self.passes(slots, ks) + bt * b) * single + ar + br * (n + len(slots))
         if not n:
             return t
         first = later = extra = 0.0
@@ -450,8 +447,7 @@ class Policy:
         self.regimes: Dict[str, Regime] = {}
         self.since_plain, self.clear = 0, False  # rounds since a plain one; the last choice clearly won
 
-    def regime(self, name: str) -> Regime:
-        """What is known in regime ``name`` (made empty on first use)."""
+    def regime(self, name: str) -> Regime:  # made empty on first use
         if name not in self.regimes:
             self.regimes[name] = Regime(self.k_max)
         return self.regimes[name]
@@ -466,7 +462,7 @@ class Policy:
         round's own tokens/s would draft where another's prompt made it slow."""
         for s in slots:
             self.regime(s.regime)
-        if self.clock and (not self.costs.timed or self.since_plain >= self.BASELINE_EVERY):
+        if self.clock and (not self.costs.target.known or self.since_plain >= self.BASELINE_EVERY):
             return [s.cap if s.fixed else 0 for s in slots]
         doubt = len(slots) == 1 and self._doubts(slots[0])
         best, margin = self._best(slots, doubt)
@@ -535,7 +531,9 @@ class Policy:
         a prior), if a probe would pay were the draft good (after a long prompt
         a short answer could not repay the draft's catch-up)."""
         cap = min(self.k_max, (s.remaining or Costs.HORIZON) - 1)
-        return not self.regime(s.regime).known and cap > 0 and self._best([replace(s, target_lag=1, cap=cap)], hope=True)[0][0] > 0
+        if self.regime(s.regime).known or cap <= 0:
+            return False
+        return self._best([replace(s, target_lag=1, cap=cap)], hope=True)[0][0] > 0
 
     def observe(self, regime: str, drafted: int, accepted: int, after_miss: bool = False,
                 confidences: Optional[Sequence[float]] = None) -> None:
@@ -573,7 +571,7 @@ class Policy:
         draft, its predicted speed against plain decoding, each K's, and
         what that rests on."""
         c = self.costs
-        said = ("no forward timed yet" if not c.timed else "costs from this process's rounds" +
+        said = ("no forward timed yet" if not c.target.known else "costs from this process's rounds" +
                 ("" if c.draft.known or c.free else " (the draft's guessed: none of its forwards timed yet)"))
         return why(self.rates(regime), self.acceptance(regime).total, said)
 
