@@ -241,7 +241,7 @@ class SpeculativeDecoder:
         lag = self.drafter.lag(prefix) if self.policy is not None else 1  # O(context): only for a policy
         # A first round reads the prompt, unless the target says it holds all but its last token (the
         # prompt's measurement left it so): then it is an ordinary round, and times one.
-        t_lag = getattr(self.target_step, "lag", lambda p: len(p))(prefix) if first else 1
+        t_lag = max(1, getattr(self.target_step, "lag", lambda p: len(p))(prefix)) if first else 1
         view = SlotView(self.regime, cap, self.policy is None, t_lag, lag, remaining, after_miss)
         return next_turn(prefix, view, self.drafter, self.policy, self.k, self.lookup)
 

@@ -150,7 +150,7 @@ class SlotDrafter:
         (but its last token), scoring the same positions in one forward.
         Returns each one's acceptance (:func:`rows_agreement`) and the forward
         run, ``(tokens, seconds, sequences)``."""
-        tokens = sum(self.model.lag(ids[:-1], slot) for slot, ids, _, _ in work)
+        tokens = sum(self.model.lag(ids[:-1], slot, len(t_rows)) for slot, ids, _, t_rows in work)
         t0 = time.perf_counter()
         rows = self.model.eval_many([(slot, ids[:-1], len(t_rows)) for slot, ids, _, t_rows in work])
         forward = (tokens, time.perf_counter() - t0, len(work))

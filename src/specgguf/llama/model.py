@@ -234,9 +234,13 @@ class LlamaModel:
         if self.own_ctx is None:
             self.llm.n_tokens = 0  # keep Llama's own prefix cache honest
 
-    def lag(self, seq: Sequence[int], slot: int = 0) -> int:
-        """Tokens of ``seq`` the slot's KV cache does not hold (what eval would evaluate)."""
-        return len(seq) - common_prefix(self.cache[slot], seq)
+    def lag(self, seq: Sequence[int], slot: int = 0, n_logits: int = 1) -> int:
+        """Tokens :meth:`eval` of ``seq`` with ``n_logits`` rows would evaluate:
+        those the slot's KV cache does not hold, and at least ``n_logits`` (rows
+        come from tokens evaluated now). A cached prompt still costs its last
+        token: counted as 0, a first round on it fitted a 21 ms forward at 0
+        tokens to the policy's line of the target's cost."""
+        return len(seq) - common_prefix(self.cache[slot], seq, len(seq) - n_logits)
 
     def _cut(self, slot: int, keep: int) -> None:
         held = self.cache[slot]
