@@ -259,9 +259,10 @@ class Costs:
         # A 1-token target forward has its own price, not the line's: llama.cpp runs it by another
         # kernel, 10% under a line through rounds of 6-9 tokens here (drafting promised 1.73x, gave
         # 1.37x), and through Llama(draft_model=...) at 0.69 of a 2-token one (priced off K=1 rounds,
-        # K=1 looked like 1.35x plain decoding and gave 0.7x). Kept as seconds and as a ratio to the
-        # line's price (so it follows the machine's speed), re-timed every BASELINE_EVERY rounds;
-        # its seconds until a line holds it.
+        # K=1 looked like 1.35x plain decoding and gave 0.7x). Priced as a ratio to the line's price
+        # (so it follows the machine's speed), re-timed every BASELINE_EVERY rounds; the seconds
+        # timed set the first ratio, at the first drafting round. Then the line may run through
+        # that very point and the ratio read 1.0 until the re-timing: BENCHMARKS.md, stop 41.
         self.one: Optional[float] = None
         self.single: Optional[float] = None
 

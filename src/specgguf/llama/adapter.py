@@ -33,7 +33,8 @@ class LlamaTarget:
         self.warp_seconds = 0.0
 
     def lag(self, prefix: Sequence[int]) -> int:
-        """Tokens of ``prefix`` the target's cache lacks (what a call evaluates besides the proposals)."""
+        """Tokens of ``prefix`` a call evaluates besides the proposals: those the cache
+        lacks, and at least the last (its row scores the first proposal)."""
         return self.model.lag(prefix)
 
     def __call__(self, prefix: Sequence[int], proposed: Sequence[int]) -> np.ndarray:

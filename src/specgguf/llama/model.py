@@ -267,7 +267,7 @@ class LlamaModel:
             n = len(seq)
             if n > self.n_ctx:
                 raise ValueError(f"sequence of {n} tokens does not fit the context window of {self.n_ctx}")
-            self._cut(slot, common_prefix(self.cache[slot], seq, n - n_logits))
+            self._cut(slot, n - self.lag(seq, slot, n_logits))  # keeps what it need not evaluate
             out = np.empty((n_logits, self.n_vocab), dtype=np.float32)
             out[:, self.model_vocab:] = -np.inf
             outs.append(out)
