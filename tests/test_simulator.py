@@ -68,33 +68,36 @@ def test_auto_k_against_the_best_fixed_k(trace):
     evidence that the draft accepts 0.1). The issue's target is 0.95; FLOOR
     records where the shipped policy stands, so a change that makes any
     trace worse fails here first (bench/simulate.py prints the table)."""
+    fresh, poisoned = FLOOR[trace.name]
     got = simulator.score(trace, seeds=(0, 1, 2))
-    assert np.median(got["vs_oracle"]) >= FLOOR[trace.name], got
-    poisoned = simulator.score(trace, seeds=(0, 1, 2), poison=simulator.poor_record(trace))
-    assert np.median(poisoned["vs_oracle"]) >= min(0.96, FLOOR[trace.name]), poisoned
+    assert np.median(got["vs_oracle"]) >= fresh, got
+    got = simulator.score(trace, seeds=(0, 1, 2), poison=simulator.poor_record(trace))
+    assert np.median(got["vs_oracle"]) >= poisoned, got
 
 
 # Where the shipped policy stands (bench/simulate.py, medians of seeds 0-2),
-# less a small margin; the replay is deterministic for a seed.
+# less a small margin; the replay is deterministic for a seed. (fresh, poisoned)
 FLOOR = {
-    "here, good draft (0.9)": 0.98,
-    "here, poor draft (0.55)": 0.985,
-    "board, draft 0.75": 0.99,
-    "here, acceptance 0.9 then 0.35": 0.965,
-    "here, good draft, busy bursts": 0.99,
+    "here, good draft (0.9)": (0.99, 0.99),
+    "here, poor draft (0.55)": (0.985, 0.985),
+    "board, draft 0.75": (0.985, 0.98),
+    "here, acceptance 0.9 then 0.35": (0.975, 0.975),
+    "here, good draft, busy bursts": (0.99, 0.98),
     # Above 1: a fixed K cannot follow the phase. Without re-exploring at the doubted price
-    # it stayed plain: 0.946.
-    "Zen 5, good draft, its forwards slow early": 1.09,
-    "recorded here: F32 target, Q4_1 draft (good)": 0.99,
-    "recorded here: F32 target, Q2_K draft (poor)": 0.985,
-    "recorded on Zen 5: F32 target, Q4_1 draft (good)": 0.965,
-    # Below the issue's 0.95: a 1-token target forward here costs 0.75 of a line through the
-    # 2-9 token rounds (20.5 ms against 29.0 for 2 tokens, 43.7 for 9) and the best K is 8; the
-    # policy's line, fitted through both, is too steep to price K=8 (see BENCHMARKS.md, stop 41).
-    "recorded on Zen 4: F32 target, Q4_1 draft (good)": 0.935,
+    # it stayed plain: 0.946. Re-exploring every 16 rounds rather than 48 costs it 1.11 -> 1.07.
+    "Zen 5, good draft, its forwards slow early": (1.06, 1.04),
+    "recorded here: F32 target, Q4_1 draft (good)": (0.98, 0.975),
+    "recorded here: F32 target, Q2_K draft (poor)": (0.985, 0.985),
+    "recorded on Zen 5: F32 target, Q4_1 draft (good)": (0.96, 0.965),
+    # A 1-token target forward here costs 0.71 of a 2-token one, and 2 -> 9 tokens are concave
+    # (29.0 -> 43.7 ms): a line through the rounds priced K=8 too dear (0.944 until stop 42,
+    # when each token count got its own timing). Poisoned: the first call's opening text
+    # suits the draft less (0.875) than the rest (0.96), and a record's low prior on top kept
+    # it plain until a retry landed in good text.
+    "recorded on Zen 4: F32 target, Q4_1 draft (good)": (0.97, 0.945),
     # The Q2_K draft agrees 0.69-0.73 with this machine's greedy text and costs 0.36 of a
     # target step: drafting K=2 is 1.03x plain at best, a break-even draft.
-    "recorded on Zen 5: F32 target, Q2_K draft (poor)": 0.965,
+    "recorded on Zen 5: F32 target, Q2_K draft (poor)": (0.965, 0.965),
 }
 
 
@@ -111,14 +114,14 @@ def test_the_engine_policy_against_the_best_fixed_k(trace):
 ENGINE_FLOOR = {  # bench/simulate.py --engine, medians of seeds 0-2, less a small margin
     "here, good draft (0.9)": 0.99,
     "here, poor draft (0.55)": 0.985,
-    "board, draft 0.75": 0.985,
-    "here, acceptance 0.9 then 0.35": 0.96,
+    "board, draft 0.75": 0.98,
+    "here, acceptance 0.9 then 0.35": 0.965,
     "here, good draft, busy bursts": 0.99,
-    "Zen 5, good draft, its forwards slow early": 1.09,
+    "Zen 5, good draft, its forwards slow early": 1.07,
     "recorded here: F32 target, Q4_1 draft (good)": 0.99,
     "recorded here: F32 target, Q2_K draft (poor)": 0.985,
-    "recorded on Zen 5: F32 target, Q4_1 draft (good)": 0.96,
-    "recorded on Zen 4: F32 target, Q4_1 draft (good)": 0.94,
+    "recorded on Zen 5: F32 target, Q4_1 draft (good)": 0.975,
+    "recorded on Zen 4: F32 target, Q4_1 draft (good)": 0.985,
     "recorded on Zen 5: F32 target, Q2_K draft (poor)": 0.965,
 }
 

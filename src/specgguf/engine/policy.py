@@ -5,13 +5,14 @@ for every path, one sequence (the CLI, ``generate``, ``SpeculativeLlama``,
 A round that drafts K tokens for a sequence emits E(K) = 1 + a_0 + a_0 a_1 +
 ... of them (a_i: the chance draft position i is accepted given the ones
 before it were; Leviathan et al.). What a round costs is predicted from
-lines fitted to this process's own rounds, piece by piece (:class:`Costs`):
-the target's forward in the tokens it scores, each draft forward in its
-tokens (catch-ups on skipped text on a line of their own), and the rest of
-the round in the rows it verifies. Every K of every sequence is priced from
-the same few measured lines; only a draft never timed is guessed (hopefully
-cheap, so that one round measures it), and nothing stored prices anything:
-identical processes here differ by 20% in speed.
+this process's own rounds, piece by piece (:class:`Costs`): the target's
+forward as timed per token count for one sequence (:class:`ForwardTable`),
+on a line in its tokens for several; each draft forward on a line in its
+tokens (catch-ups on skipped text on a line of their own); the rest of the
+round on a line in the rows it verifies. Only what was never timed is
+guessed, hopefully (a draft as cheap as a board's, a longer forward as
+cheap as the longest timed), so that one round measures it; nothing stored
+prices anything: identical processes here differ by 20% in speed.
 
 Acceptance is pooled per sampling regime (:class:`Regime`); what was known
 before the process (a calibration, stored evidence) weighs a few
@@ -238,8 +239,51 @@ class Measured:
     rest_seconds: float = 0.0
 
 
+class ForwardTable:
+    """What a target forward of b = 1..size tokens in one pass takes, as
+    timed in this process: one token in seconds, more as a ratio to it
+    (when timed), so that every count follows the machine's speed as the
+    single token is re-timed (identical processes here differ by 20%).
+
+    Why not the line alone: a forward's cost is not linear in its tokens.
+    llama.cpp runs 1 token by another kernel (0.69 of a 2-token forward
+    through ``Llama(draft_model=...)``), and on Zen 4 2 -> 9 tokens cost
+    29 -> 44 ms, concave, so a line through the K=4-6 rounds a policy
+    settles in priced K=8 15% too dear and it never went there (0.944 of
+    the best fixed K in the simulator). A count not timed yet is priced
+    between the counts timed either side of it; above every count timed, at
+    the largest one's price: hopeful (costs rise with tokens, so this is a
+    lower bound), so that one round times it.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.one: Optional[float] = None                           # seconds of one token
+        self.ratio: List[Optional[float]] = [None] * (size + 1)    # seconds of b tokens / one
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        if tokens == 1:
+            self.one = _follow(self.one, seconds)
+        elif 1 < tokens < len(self.ratio) and self.one:
+            self.ratio[tokens] = _follow(self.ratio[tokens], seconds / self.one)
+
+    def __call__(self, tokens: int, line: Callable[[int], float]) -> Optional[float]:
+        """Seconds for ``tokens``, or None past the table or before one token is timed (``line``: the
+        price above one token while no other count is timed)."""
+        if not 0 < tokens < len(self.ratio) or not self.one:
+            return None
+        timed = [(1, self.one)] + [(b, r * self.one) for b, r in enumerate(self.ratio) if r]
+        (b0, s0) = [x for x in timed if x[0] <= tokens][-1]
+        above = [x for x in timed if x[0] >= tokens]
+        if not above:
+            return s0 if len(timed) > 1 else max(s0, line(tokens))
+        (b1, s1) = above[0]
+        return s0 if b1 == b0 else s0 + (s1 - s0) * (tokens - b0) / (b1 - b0)
+
+
 class Costs:
-    """A round's wall time from lines fitted to this process's rounds.
+    """A round's wall time from this process's rounds: the target's forward
+    from :class:`ForwardTable` where it holds the round, else from a line;
+    the draft's and the rest from lines.
 
     Args:
         passes: ``[(slot, tokens)] -> passes`` the target's forward makes over
@@ -253,18 +297,10 @@ class Costs:
     DOUBT = 0.5        # a draft doubted (timed before a long plain stretch) at most this: this machine's
     STEADY = 2         # draft tokens a sequence has in a forward without catch-up
 
-    def __init__(self, passes: Optional[Callable] = None, free_draft: bool = False) -> None:
+    def __init__(self, k_max: int = 8, passes: Optional[Callable] = None, free_draft: bool = False) -> None:
         self.count_passes, self.free = passes, free_draft
         self.target, self.draft, self.catchup, self.rest = LineFit(), LineFit(), LineFit(), LineFit()
-        # A 1-token target forward has its own price, not the line's: llama.cpp runs it by another
-        # kernel, 10% under a line through rounds of 6-9 tokens here (drafting promised 1.73x, gave
-        # 1.37x), and through Llama(draft_model=...) at 0.69 of a 2-token one (priced off K=1 rounds,
-        # K=1 looked like 1.35x plain decoding and gave 0.7x). Priced as a ratio to the line's price
-        # (so it follows the machine's speed), re-timed every BASELINE_EVERY rounds; the seconds
-        # timed set the first ratio, at the first drafting round. Then the line may run through
-        # that very point and the ratio read 1.0 until the re-timing: BENCHMARKS.md, stop 41.
-        self.one: Optional[float] = None
-        self.single: Optional[float] = None
+        self.timed = ForwardTable(k_max + 1)
 
     def lines(self, doubt: bool = False) -> tuple:
         """The lines ``(a, b)`` of the target (before any forward: one unit
@@ -295,8 +331,9 @@ class Costs:
         never drafted, its lag growing each plain round)."""
         (at, bt), (ad, bd), (ar, br), doubt = lines
         n, b = sum(ks), sum(s.target_lag for s in slots) + sum(ks)
-        single = (self.single or 1.0) if b == 1 else 1.0
-        t = (at * self.passes(slots, ks) + bt * b) * single + ar + br * (n + len(slots))
+        passes = self.passes(slots, ks)
+        timed = self.timed(b, lambda x: at + bt * x) if passes == 1 else None
+        t = (at * passes + bt * b if timed is None else timed) + ar + br * (n + len(slots))
         if not n:
             return t
         first = later = extra = 0.0
@@ -319,14 +356,8 @@ class Costs:
         fitted with the rounds' 1-9 bent the lines flat (K=8 promised 1.7x
         plain decoding and delivered 1.15x)."""
         if not prompt and passes == 1:
-            t = m.target_seconds
-            if m.target_tokens == 1:
-                self.one = _follow(self.one, t)
-                if self.target.known:
-                    self.single = _follow(self.single, t / self.target(1))
-            self.target.observe(m.target_tokens, t)
-            if self.single is None and m.target_tokens > 1 and self.one is not None:  # the first line to hold it
-                self.single = self.one / self.target(1)
+            self.target.observe(m.target_tokens, m.target_seconds)
+            self.timed.observe(m.target_tokens, m.target_seconds)
         for n, sec, seqs in m.draft_forwards:
             (self.draft if n <= self.STEADY * seqs else self.catchup).observe(n, sec)
         self.rest.observe(m.rows, m.rest_seconds)
@@ -346,8 +377,10 @@ class Regime:
     EVIDENCE = 16         # positions this process must see before its estimate is trusted
     GUARD = 0.6           # drafting rounds delivering under this of the tokens promised: forget
     FORGET = 0.2          # what is kept of the acceptance counts then, or when the prompt is measured
-    EXPLORE_EVERY = 48    # rounds without drafting before a lone sequence tries again
-    EXPLORE_BACKOFF = 16  # each try that went plain at once doubles the wait, up to this many times
+    EXPLORE_EVERY = 16    # rounds without drafting before a lone sequence tries again: a rough patch of
+                          # text leaves the estimate low until then (Zen 4 trace, engine: 48 -> 0.81, 16 -> 0.99)
+    EXPLORE_BACKOFF = 2   # each try that went plain at once doubles the wait, to at most this times
+                          # EXPLORE_EVERY: a stored record's low prior outlived longer waits (Zen 4, 16: 0.86)
 
     def __init__(self, k_max: int) -> None:
         self.estimate, self.bins = Acceptance(k_max), ConfidenceBins()
@@ -395,10 +428,9 @@ class Regime:
         """A round passed (``clear``: its choice was predicted to win clearly).
         A try (a re-exploration, and the drafting after it while no clear
         gain is predicted) that finds a clear gain resets the wait; one that
-        goes plain doubles it. A draft too poor to pay caught up on the whole
-        text every 48 rounds (4-5% of each call); one at break-even, retried
-        and kept for a round or two at a predicted 1.0-1.1x, every 48-80
-        (Llama(draft_model=...) at 0.8: 0.89x plain)."""
+        goes plain doubles it (a draft at break-even is retried less often). A
+        draft too poor to pay is retried only once idle rounds have thinned
+        its evidence (:meth:`Acceptance.optimistic`)."""
         explored = drafted and self.idle >= self.wait
         if drafted and clear and not explored:
             self.wait = self.EXPLORE_EVERY
@@ -444,7 +476,7 @@ class Policy:
         if k_max < 1:
             raise ValueError(f"k_max must be >= 1, got {k_max}")
         self.k_max, self.clock = k_max, clock
-        self.costs = Costs(passes, free_draft)
+        self.costs = Costs(k_max, passes, free_draft)
         self.regimes: Dict[str, Regime] = {}
         self.since_plain, self.clear = 0, False  # rounds since a plain one; the last choice clearly won
 
@@ -497,7 +529,8 @@ class Policy:
 
     def _probes(self, slots: Sequence[SlotView]) -> tuple:
         """``(slots, probe)``: one sequence per regime not known probes, its
-        catch-up spread over the tokens left times PROBE_ODDS; the others of
+        catch-up spread over the tokens left times PROBE_ODDS, its cap PROBE_K
+        (so the rate it is weighed at is one a probe can reach); the others of
         that regime wait (cap 0): 8 new requests probing at once, each with a
         prompt to catch up on, read 0.65x k=0 on a fresh engine."""
         out, probe, first = [], [], set()
@@ -508,7 +541,7 @@ class Policy:
             elif p:
                 first.add(s.regime)
                 left = Costs.HORIZON // 2 if s.remaining is None else s.remaining
-                s = replace(s, remaining=max(1, round(left * self.PROBE_ODDS)))
+                s = replace(s, cap=min(s.cap, self.PROBE_K), remaining=max(1, round(left * self.PROBE_ODDS)))
             out.append(s)
             probe.append(p)
         return out, probe
