@@ -314,6 +314,14 @@ class Costs:
             d = (self.DOUBT * t[0], self.DOUBT * t[1])
         return t, d, self.rest.line(), doubt
 
+    def basis(self) -> str:
+        """What the prices rest on, for users."""
+        if not self.target.known:
+            return "no forward timed yet"
+        guessed = not (self.draft.known or self.free)
+        return "costs from this process's rounds" + (" (the draft's guessed: none of its forwards timed yet)"
+                                                      if guessed else "")
+
     def passes(self, slots: Sequence[SlotView], ks: Sequence[int]) -> int:
         if self.count_passes is None or len(slots) < 2:
             return 1
@@ -604,10 +612,7 @@ class Policy:
         """One line for users: the K a lone sequence of ``regime`` would
         draft, its predicted speed against plain decoding, each K's, and
         what that rests on."""
-        c = self.costs
-        said = ("no forward timed yet" if not c.target.known else "costs from this process's rounds" +
-                ("" if c.draft.known or c.free else " (the draft's guessed: none of its forwards timed yet)"))
-        return why(self.rates(regime), self.acceptance(regime).total, said)
+        return why(self.rates(regime), self.acceptance(regime).total, self.costs.basis())
 
 
 def why(rates: Sequence[float], totals: Sequence[float], costs: str) -> str:
