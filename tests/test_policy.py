@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from specgguf.engine.policy import Acceptance, LineFit, Measured, Policy, Regime, SlotView, expected_tokens
+from specgguf.engine.policy import (Acceptance, ForwardTable, LineFit, Measured, Policy, Regime, SlotView,
+                                    expected_tokens)
 
 # Forward costs as lines in the tokens a forward evaluates (seconds).
 # A memory-bound board: a target batch costs little more than one token, a draft token a twentieth.
@@ -322,3 +323,36 @@ def test_explain_says_what_the_choice_rests_on():
     Player(policy, BOARD, np.random.default_rng(0)).play(0.95, 20)
     line = policy.explain("greedy")
     assert "predicted at" in line and "acceptance" in line and "this process's rounds" in line
+
+
+def test_each_token_count_is_priced_as_timed_and_follows_the_single_token():
+    """On Zen 4 a target forward of 1, 2, 5 and 9 tokens took 20.5, 29.0, 36.7
+    and 43.7 ms: concave, so a line through the rounds priced K=8 too dear
+    (0.944 of the best fixed K in the simulator). Each count is priced as
+    timed; one not timed between its timed neighbours; one above every
+    count timed at the largest (hopeful: one round times it); a batch of
+    several sequences on the line; and every count moves with the single
+    token when that is re-timed (the machine's speed moves)."""
+    table = ForwardTable(9)
+    line = lambda b: 1.0  # noqa: E731  (only asked below every count timed)
+    assert table(1, line) is None  # nothing timed: the caller's line
+    for b, ms in ((1, 20.5), (2, 29.0), (5, 36.7)):
+        table.observe(b, ms / 1000)
+    assert table(2, line) == pytest.approx(0.029)
+    assert table(3, line) == pytest.approx(0.029 + (0.0367 - 0.029) / 3)
+    assert table(9, line) == pytest.approx(0.0367)  # above every count timed: the largest's price
+    assert table(10, line) is None  # past the table
+    table.observe(9, 0.0437)
+    assert table(9, line) == pytest.approx(0.0437)
+    table.observe(1, 0.0205 * 0.8)  # the machine got faster: a faster reading moves it half way
+    assert table(9, line) == pytest.approx(0.0437 * 0.9)
+    p = Policy(8)
+    view = SlotView("greedy", 8)
+    for b in (1, 5, 9, 1, 5, 9):  # a line through these misses T(1) and T(9)
+        p.round_done([view], [b - 1], Measured(b, {1: 0.0205, 5: 0.0367, 9: 0.0437}[b], [(1, 0.009, 1)] * (b - 1), b))
+    lines = p.costs.lines()
+    (at, bt), (ad, bd), (ar, br), _ = lines
+    assert p.costs.seconds([view], [0], lines) == pytest.approx(0.0205 + ar + br)
+    assert p.costs.seconds([view], [8], lines) == pytest.approx(0.0437 + ar + 9 * br + 8 * ad + 8 * bd)
+    two = [SlotView("greedy", 8, slot=0), SlotView("greedy", 8, slot=1)]
+    assert p.costs.seconds(two, [0, 0], lines) == pytest.approx(at + 2 * bt + ar + 2 * br)  # the line, not T(2)
