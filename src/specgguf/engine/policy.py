@@ -262,25 +262,35 @@ class ForwardTable:
     def __init__(self, size: int) -> None:
         self.one: Optional[float] = None                           # seconds of one token
         self.ratio: List[Optional[float]] = [None] * (size + 1)    # seconds of b tokens / one
+        self.prices: Optional[List[float]] = None                  # per count, from the two above; None: stale
 
     def observe(self, tokens: int, seconds: float) -> None:
         if tokens == 1:
             self.one = _follow(self.one, seconds)
         elif 1 < tokens < len(self.ratio) and self.one:
             self.ratio[tokens] = _follow(self.ratio[tokens], seconds / self.one)
+        self.prices = None
 
     def __call__(self, tokens: int, line: Callable[[int], float]) -> Optional[float]:
         """Seconds for ``tokens``, or None past the table or before one token is timed (``line``: the
         price above one token while no other count is timed)."""
         if not 0 < tokens < len(self.ratio) or not self.one:
             return None
+        if not any(self.ratio):
+            return self.one if tokens == 1 else max(self.one, line(tokens))
+        if self.prices is None:  # asked for every K of every round: worked out once per forward timed
+            self.prices = self._interpolate()
+        return self.prices[tokens]
+
+    def _interpolate(self) -> List[float]:
         timed = [(1, self.one)] + [(b, r * self.one) for b, r in enumerate(self.ratio) if r]
-        (b0, s0) = [x for x in timed if x[0] <= tokens][-1]
-        above = [x for x in timed if x[0] >= tokens]
-        if not above:
-            return s0 if len(timed) > 1 else max(s0, line(tokens))
-        (b1, s1) = above[0]
-        return s0 if b1 == b0 else s0 + (s1 - s0) * (tokens - b0) / (b1 - b0)
+        out = [0.0]
+        for tokens in range(1, len(self.ratio)):
+            (b0, s0) = [x for x in timed if x[0] <= tokens][-1]
+            above = [x for x in timed if x[0] >= tokens]
+            (b1, s1) = above[0] if above else (b0, s0)
+            out.append(s0 if b1 == b0 else s0 + (s1 - s0) * (tokens - b0) / (b1 - b0))
+        return out
 
 
 class Costs:
