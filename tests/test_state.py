@@ -44,6 +44,25 @@ def test_corrupt_or_foreign_files_are_ignored_with_one_warning_and_rebuilt(tmp_p
         assert store.read("evidence", "k") == {"draft": 2.0}
 
 
+def test_only_a_trust_pin_waits_for_the_disk(tmp_path, monkeypatch):
+    """Evidence is stored after every drafting call (a prior, rebuilt if a
+    crash loses it): an fsync there cost 42 ms a call here. A trust-on-first-use
+    pin is flushed before it replaces the old one. Either way a reader sees a
+    whole record, never a part."""
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd))[1])
+    store = Store(tmp_path)
+    for kind in ("acceptance", "evidence", "files"):
+        store.write(kind, "k", {"n": 1})
+        assert store.read(kind, "k") == {"n": 1}
+    assert synced == []
+    store.write("trusted", "k", {"sha256": "ab"})
+    assert len(synced) == 1 and store.read("trusted", "k") == {"sha256": "ab"}
+    assert sorted(p.name for p in (tmp_path / "evidence").iterdir() if p.suffix != ".lock") == \
+        [store.path("evidence", "k").name]  # no temporary file left behind
+
+
 def test_files_are_identified_by_content(tmp_path):
     store = Store(tmp_path / "state")
     a = tmp_path / "a.gguf"
