@@ -538,16 +538,24 @@ class Policy:
         slots, probe = self._probes(slots)
         lines = self.costs.lines(doubt)
         steady = [s.steady() for s in slots]
+        # Each choice priced once, in the round as it is and in a steady one
+        # (the same when no sequence has a prompt or a catch-up): a lone
+        # sequence's round asks about the same few choices ~30 times.
+        same, memo = steady == slots, {}
+        def seconds(ks: List[int], in_steady: bool = False) -> float:  # noqa: E306
+            key = (tuple(ks), in_steady and not same)
+            if key not in memo:
+                memo[key] = self.costs.seconds(steady if key[1] else slots, ks, lines)
+            return memo[key]
         commons = [[s.cap if s.fixed else min(k, s.cap) for s in slots] for k in range(self.k_max + 1)]
-        rate = max(sum(g[k] for g, k in zip(gains, ks)) / max(self.costs.seconds(steady, ks, lines), 1e-9)
-                   for ks in commons)
-        score = lambda ks: sum(g[k] for g, k in zip(gains, ks)) - rate * self.costs.seconds(slots, ks, lines)  # noqa
+        rate = max(sum(g[k] for g, k in zip(gains, ks)) / max(seconds(ks, True), 1e-9) for ks in commons)
+        score = lambda ks: sum(g[k] for g, k in zip(gains, ks)) - rate * seconds(ks)  # noqa: E731
         best = max(commons, key=score)
         for i, s in enumerate(slots):
             if not s.fixed and s.cap > 0:
                 options = (0, min(self.PROBE_K, s.cap)) if probe[i] else range(s.cap + 1)
                 best[i] = max(options, key=lambda k: score(best[:i] + [k] + best[i + 1:]))
-        return best, rate * self.costs.seconds(steady, commons[0], lines) / max(1e-9, sum(g[0] for g in gains))
+        return best, rate * seconds(commons[0], True) / max(1e-9, sum(g[0] for g in gains))
 
     def _probes(self, slots: Sequence[SlotView]) -> tuple:
         """``(slots, probe)``: one sequence per regime not known probes, its
