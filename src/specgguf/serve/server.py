@@ -100,7 +100,9 @@ class Server:
             line += (f" {s['completion_tokens']} tokens {s['tokens_per_second']:.1f} tok/s acceptance "
                      f"{s['acceptance_rate']:.2f} ({s['finish_reason']})")
             if self.verbose:
-                line += f" k_hist {s['k_hist']} verification {s['verification']} prompt {s['prompt_tokens']}"
+                line += (f" k_hist {s['k_hist']} verification {s['verification']} prompt {s['prompt_tokens']}"
+                         f" time: first round {s['first_target_seconds']:.3f} s, target {s['target_seconds']:.3f} s,"
+                         f" draft {s['draft_seconds']:.3f} s, whole {s['seconds']:.3f} s")
         print(line, file=sys.stderr, flush=True)
 
     # -- generation (in a worker thread) -----------------------------------------
