@@ -11,7 +11,8 @@ llama_cpp = pytest.importorskip("llama_cpp")
 import specgguf  # noqa: E402
 from specgguf.api import SpeculativeLlama  # noqa: E402
 from specgguf.engine.calibration import measure_acceptance  # noqa: E402
-from specgguf.llama.adapter import LlamaTarget, ModelDrafter, prompt_agreement  # noqa: E402
+from specgguf.llama.adapter import (LlamaTarget, ModelDrafter, prompt_agreement, prompt_rows,  # noqa: E402
+                                     text_agreement, text_rows)
 from specgguf.llama.model import LlamaModel  # noqa: E402
 from specgguf.engine.policy import Measured, SlotView  # noqa: E402
 from specgguf.ops.sampling import Sampler  # noqa: E402
@@ -541,3 +542,32 @@ def test_the_prompt_is_measured_only_where_the_target_reads_it_anyway(target, dr
     longer = ids + target.tokenize(b" And then some more words to read.", add_bos=False)
     again = prompt_agreement(t, d, longer, greedy)
     assert again is not None and again[1] == min(32, len(longer) - 1 - (len(ids) - 1))
+
+
+def test_a_chat_templates_tokens_are_not_measured(target, draft):
+    """Any two models agree on a chat template's tokens (the end of a turn,
+    a role's name, the newline after it): a poor draft measured 0.68 on its
+    prompts with them and accepts 0.5 of its answers. Only rows of text count."""
+    t, d = LlamaModel(target), LlamaModel(draft)
+    t.reset()
+    d.reset()
+    text = f"<|im_start|>user\n{PROMPTS[1]}<|im_end|>\n<|im_start|>assistant\n"
+    ids = target.tokenize(text.encode(), special=True, add_bos=False)
+    n = prompt_rows(ids, len(ids))
+    keep = text_rows(t, ids, n)
+    predicted = ids[len(ids) - n:]
+    header = [i for i, tok in enumerate(ids) if llama_cpp.llama_vocab_is_control(t.vocab, tok)]
+    for i, tok in enumerate(predicted):
+        pos = len(ids) - n + i  # the position of the token row i predicts
+        near = any(pos - 3 <= h <= pos for h in header)
+        assert keep[i] == (not near), (i, target.detokenize([tok]))
+    assert 4 <= keep.sum() < n
+    rate, positions = prompt_agreement(t, d, ids, Sampler("greedy"))
+    assert positions == keep.sum() and 0.0 <= rate <= 1.0
+    # Rows a draft gets wrong in the template's tokens do not count; one of text does.
+    t_rows = np.zeros((n, 8), dtype=np.float32)
+    d_rows = t_rows.copy()
+    d_rows[~keep, 3] = 1.0
+    assert text_agreement(t, ids, Sampler("greedy"), t_rows, d_rows) == (1.0, keep.sum())
+    d_rows[np.flatnonzero(keep)[0], 5] = 1.0
+    assert text_agreement(t, ids, Sampler("greedy"), t_rows, d_rows) == (1.0 - 1.0 / keep.sum(), keep.sum())

@@ -294,8 +294,8 @@ class Engine:
         measured = self._measure(active, logits, measure, forwards)
         with self.cond:
             for i, (t, d, rows) in enumerate(zip(active, drafts, logits)):
-                if i in measured:
-                    self.policy.regime(t.regime).measured(measured[i], measure[i])
+                if measured.get(i) is not None:
+                    self.policy.regime(t.regime).measured(*measured[i])
                 rows = rows[measure.get(i, 0):]
                 try:  # a request's own rules (a grammar with no way on) fail that request only
                     n, nxt = t.sampler.verify(t.sampler.target_rows(rows, t.ids + d.tokens), d, t.stats.emitted)
@@ -314,7 +314,8 @@ class Engine:
                                                             sum(drafted) + len(drafts), rest))
 
     def _measure(self, active: Sequence[Ticket], logits: List[np.ndarray], measure: dict, forwards: list) -> dict:
-        """The draft's acceptance on each measured prompt (``{index: acceptance}``):
+        """The draft's acceptance on each measured prompt (``{index: (acceptance,
+        positions) or None}``, :func:`~specgguf.llama.adapter.text_agreement`):
         the draft catches up on it, scoring the positions the target's first
         rows did; the catch-up counts among the round's forwards."""
         if not measure:
