@@ -214,6 +214,33 @@ def test_owned_models_reuse_the_prompt_between_calls():
     assert fresh.generate(turn2, max_tokens=16, k=0).tokens == again.tokens
 
 
+def test_the_callers_llama_objects_keep_the_prompt_until_they_run_on_their_own(target, draft):
+    """``generate`` on the caller's ``Llama`` objects keeps their caches after a
+    clean call: the next prompt reads only what it adds (a chat's system turn
+    is shared), the draft's catch-up too. The caller's own use of a ``Llama``
+    in between (llama-cpp-python's loop, a reset, both) is seen, and output
+    stays the target's own, token for token."""
+    def run(p):
+        return specgguf.generate(msgs(p), target=target, draft=draft, chat=True, max_tokens=12, k=4)
+
+    def ids(p):
+        return SpeculativeLlama(target, draft).tokenize(msgs(p), chat=True)
+
+    run(PROMPTS[0])
+    second = run(PROMPTS[1])
+    shared = next(i for i, (a, b) in enumerate(zip(ids(PROMPTS[0]), ids(PROMPTS[1]))) if a != b)
+    assert second.stats["cached_tokens"] == shared >= 10
+    assert second.tokens == plain_greedy(target, ids(PROMPTS[1]), 12)  # the Llama on its own
+    again = run(PROMPTS[1])
+    assert again.stats["cached_tokens"] == 0 and again.tokens == second.tokens
+    ref = plain_greedy(target, ids(PROMPTS[2]), 12)
+    target.reset()  # back to 0 tokens, its cache holding its own text
+    third = run(PROMPTS[2])
+    assert third.stats["cached_tokens"] == 0 and third.tokens == ref
+    fourth = run(PROMPTS[2])  # nothing ran between: kept
+    assert fourth.stats["cached_tokens"] > 0 and fourth.tokens == ref
+
+
 def test_bad_model_files(tmp_path):
     with pytest.raises(ValueError, match="no such file"):
         SpeculativeLlama(str(tmp_path / "missing.gguf"), "smollm2-135m-q4_1")
@@ -417,7 +444,9 @@ def test_a_process_measures_its_draft_once_and_clock_blind_runs_store_nothing(ta
     a = s.generate(msgs(PROMPTS[0]), max_tokens=16, **seeded)
     assert s.learning.state.evidence(regime) is None
     assert s.generate(msgs(PROMPTS[0]), max_tokens=16, **seeded).tokens == a.tokens
-    s.generate(msgs(PROMPTS[0]), max_tokens=32, temperature=0.8, k="auto", drafter_invariant=False)
+    # Another prompt (the caller's models keep the last one cached, and a cached prompt is not scored
+    # again), with more than EVIDENCE positions of text after the part cached.
+    s.generate(msgs(PROMPTS[1] + " " + PROMPTS[2]), max_tokens=32, temperature=0.8, k="auto", drafter_invariant=False)
     assert s.learning.online.regime(regime).known and s.learning.state.evidence(regime) is not None
     calls = []
     measure = lambda: calls.append(1)  # noqa: E731

@@ -24,7 +24,7 @@ from .completions import CompletionMethods
 from .config import GenerationConfig
 from .engine.decoder import SpeculativeDecoder
 from .engine.batch import Engine
-from .engine.learning import AUTO_K_MAX, Learning
+from .engine.learning import AUTO_K_MAX, Learning, clock_blind
 from .engine.lookup_first import LookupFirst
 from .engine.policy import SlotView
 from .engine.calibration import calibrate, measure_acceptance
@@ -179,8 +179,9 @@ class SpeculativeLlama(CompletionMethods):
             return
         pair = self.pair
         with self.guard:
-            if not pair.owns:
-                pair.reset()  # the Llama objects may have been used on their own since
+            if not pair.owns:  # the Llama objects may have been used on their own since; a
+                # clock-blind run starts empty, as it did: what is cached moves its K, and its seeded text
+                pair.reset(unless_held=not (config.k == "auto" and clock_blind(config)))
             t0, before = time.perf_counter(), pair.timers()
             cached = len(ids) - pair.target.model.lag(ids)
             pair.use(sampler)
@@ -196,7 +197,7 @@ class SpeculativeLlama(CompletionMethods):
             out = self._text(config)
             produced: List[int] = []
             tokens = dec.stream(ids, budget, stop_tokens=self.pair.eog)
-            yield from self._decode(tokens, out, should_stop, produced, self.pair.owns, sampler, dec.stats)
+            yield from self._decode(tokens, out, should_stop, produced, sampler, dec.stats)
             seconds = time.perf_counter() - t0
             self.learning.finish(policy, config)
             result = self._result(dec, out, produced[:out.n_tokens()], len(ids), seconds, before)
@@ -213,7 +214,7 @@ class SpeculativeLlama(CompletionMethods):
                                     start=lambda: self.learning.ready(self.learning.online, config))
         out = self._text(config)
         produced: List[int] = []
-        yield from self._decode(iter(ticket), out, should_stop, produced, True, sampler, ticket.stats)
+        yield from self._decode(iter(ticket), out, should_stop, produced, sampler, ticket.stats)
         self.learning.keep(config.regime, self.engine.record(config.regime))  # for later processes
         result = self._result(ticket, out, produced[:out.n_tokens()], len(ids), time.perf_counter() - t0, before)
         result.stats["cached_tokens"] = ticket.cached
@@ -229,11 +230,14 @@ class SpeculativeLlama(CompletionMethods):
         llm = self.pair.target_llm
         return TextStream(lambda t: llm.detokenize([t], special=False), config.stop, self.pair.eog)
 
-    def _decode(self, tokens: Iterator[int], out: TextStream, should_stop, produced: List[int], keep: bool,
+    def _decode(self, tokens: Iterator[int], out: TextStream, should_stop, produced: List[int],
                 sampler: Sampler, stats):
         """:class:`~specgguf.output.Piece` s of text from ``tokens`` until ``out`` or
         ``should_stop`` ends them (``stats``: the run's, with each token's
-        provenance); the models are reset after an error unless ``keep``."""
+        provenance); the models are reset after an error. After a clean run
+        their caches keep the text for the next call, the caller's ``Llama``
+        objects' too (their own next use starts from scratch: see
+        :meth:`~specgguf.llama.model.LlamaModel.held`)."""
         clean, piece = False, Pieces(out, stats, sampler.logprobs)
         try:
             for tok in tokens:
@@ -254,7 +258,7 @@ class SpeculativeLlama(CompletionMethods):
                 close()  # an engine's request ends (cancelled) with its stream
             if self.engine is None:  # the engine's thread may still read it: freed when collected
                 sampler.close()
-            if not (clean and keep) and self.engine is None:
+            if not clean and self.engine is None:
                 self.reset()  # clean and usable after any exit, Ctrl-C included
 
     def _result(self, run, out: TextStream, tokens: List[int], n_prompt: int,

@@ -70,7 +70,7 @@ class Learning:
         (:meth:`~specgguf.engine.policy.Policy.worth_measuring`)."""
         if config.k != "auto":
             return None
-        policy = Policy(AUTO_K_MAX, clock=False) if _frozen(config) else self.online
+        policy = Policy(AUTO_K_MAX, clock=False) if clock_blind(config) else self.online
         self.ready(policy, config)
         if measure is not None and view is not None and policy.worth_measuring(view):
             got = measure()
@@ -94,7 +94,7 @@ class Learning:
         accepts is about the text, not the pair."""
         if config.k != "auto":
             return None
-        return Policy(AUTO_K_MAX, free_draft=True, clock=False) if _frozen(config) else self.lookup
+        return Policy(AUTO_K_MAX, free_draft=True, clock=False) if clock_blind(config) else self.lookup
 
     def finish(self, policy: Optional[Policy], config: GenerationConfig) -> None:
         """After a run: store what ``policy`` knows of the draft in the run's
@@ -115,6 +115,6 @@ class Learning:
             self.online.regimes.clear()  # every regime starts again from the measurement
 
 
-def _frozen(config: GenerationConfig) -> bool:
+def clock_blind(config: GenerationConfig) -> bool:
     """Exact p/q sampling with a seed: the clock must not change the output."""
     return config.verification == "exact" and config.seed is not None

@@ -234,6 +234,21 @@ class LlamaModel:
         if self.own_ctx is None:
             self.llm.n_tokens = 0  # keep Llama's own prefix cache honest
 
+    def held(self) -> bool:
+        """Whether the KV cache still holds what this object left in it, for a
+        ``Llama`` the caller may have run on its own since. Its own use moves
+        ``n_tokens`` off 0 (kept at 0 here, so that its next call evaluates
+        from scratch) and writes its tokens into ``input_ids`` (where this
+        object writes what it evaluates); loading a saved state does both; and
+        the cache's last position must be this object's last."""
+        if self.own_ctx is not None:
+            return True  # a context of its own: nothing else runs in it
+        n, ids = len(self.cache[0]), getattr(self.llm, "input_ids", None)
+        if ids is None or self.llm.n_tokens != 0 or n > len(ids):
+            return False
+        return (int(llama_cpp.llama_memory_seq_pos_max(self.mem, 0)) == n - 1
+                and bool(np.array_equal(ids[:n], self.cache[0])))
+
     def lag(self, seq: Sequence[int], slot: int = 0, n_logits: int = 1) -> int:
         """Tokens :meth:`eval` of ``seq`` with ``n_logits`` rows would evaluate:
         those the slot's KV cache does not hold, and at least ``n_logits`` (rows
@@ -299,8 +314,11 @@ class LlamaModel:
         if rc != 0:
             raise RuntimeError(f"llama_decode failed with code {rc}")
         width = self.model_vocab * 4
-        for j, (slot, _, token, out, row) in enumerate(todo):
+        ids = getattr(self.llm, "input_ids", None) if self.own_ctx is None else None  # the Llama's record: held()
+        for j, (slot, pos, token, out, row) in enumerate(todo):
             self.cache[slot].append(token)
+            if ids is not None:
+                ids[pos] = token
             if row >= 0:
                 ctypes.memmove(out[row].ctypes.data, llama_cpp.llama_get_logits_ith(self.ctx, j), width)
 

@@ -161,10 +161,14 @@ class ModelPair:
     def n_ctx(self) -> int:
         return min(m.n_ctx for m in self.models)
 
-    def reset(self) -> None:
-        """Empty both KV caches."""
+    def reset(self, unless_held: bool = False) -> None:
+        """Empty both KV caches; ``unless_held``: only a cache that no longer
+        holds what specgguf left in it (the caller's ``Llama`` ran on its
+        own since: :meth:`~specgguf.llama.model.LlamaModel.held`), so that a
+        next call on the caller's models reads only what its prompt adds."""
         for m in self.models:
-            m.reset()
+            if not (unless_held and getattr(m, "held", lambda: False)()):
+                m.reset()
 
     def use(self, sampler: Sampler) -> None:
         """Warp and pick tokens by ``sampler`` from now on (both models alike)."""
