@@ -182,9 +182,9 @@ def text_rows(model: LlamaModel, ids: Sequence[int], n: int) -> np.ndarray:
     newline after it). Any two models agree on a chat template's tokens:
     with them, a Q2_K draft that accepts 0.5 of its answers measured 0.68 on
     its prompts and drafted at a loss."""
-    start = len(ids) - n - 3
-    control = [False] * max(0, -start) + [bool(llama_cpp.llama_vocab_is_control(model.vocab, int(t)))
-                                          for t in ids[max(0, start):]]
+    start, size = len(ids) - n - 3, model.model_vocab  # ids past the vocabulary (a padded row): text
+    control = [False] * max(0, -start) + [0 <= int(t) < size and bool(llama_cpp.llama_vocab_is_control(
+        model.vocab, int(t))) for t in ids[max(0, start):]]
     # control[i + 3] is the token row i predicts; control[i:i + 3], the last three it reads
     return np.array([not any(control[i:i + 4]) for i in range(n)], dtype=bool)
 
