@@ -369,6 +369,21 @@ class Costs:
                     extra += cost / min(self.HORIZON, max(1, s.remaining or self.HORIZON // 2))
         return t + ad * max(ks) + bd * (first + later) + extra
 
+    def pricer(self, slots: Sequence[SlotView], lines: tuple) -> Callable[..., float]:
+        """``price(ks, steady=False)``: :meth:`seconds` of a round drafting
+        ``ks`` for ``slots`` (``steady``: in their steady round, no prompt and
+        no catch-up beyond the usual), each choice worked out once: choosing
+        for a lone sequence asks about the same few choices ~30 times."""
+        steady, memo = [s.steady() for s in slots], {}
+        same = steady == list(slots)
+
+        def price(ks: Sequence[int], in_steady: bool = False) -> float:
+            key = (tuple(ks), in_steady and not same)
+            if key not in memo:
+                memo[key] = self.seconds(steady if key[1] else slots, ks, lines)
+            return memo[key]
+        return price
+
     def observe(self, m: Measured, prompt: bool, passes: int, sequences: int = 1) -> None:
         """A round's pieces. Only steady forwards fit the round lines: the
         target's with no prompt in one pass (and the table: of one sequence), the draft's with at most STEADY
@@ -536,17 +551,7 @@ class Policy:
         gains = [expected_tokens(s.cap, [0.99] * s.cap) if hope else
                  self.regimes[s.regime].gains(s, len(slots) == 1, self.PROBE_K) for s in slots]
         slots, probe = self._probes(slots)
-        lines = self.costs.lines(doubt)
-        steady = [s.steady() for s in slots]
-        # Each choice priced once, in the round as it is and in a steady one
-        # (the same when no sequence has a prompt or a catch-up): a lone
-        # sequence's round asks about the same few choices ~30 times.
-        same, memo = steady == slots, {}
-        def seconds(ks: List[int], in_steady: bool = False) -> float:  # noqa: E306
-            key = (tuple(ks), in_steady and not same)
-            if key not in memo:
-                memo[key] = self.costs.seconds(steady if key[1] else slots, ks, lines)
-            return memo[key]
+        seconds = self.costs.pricer(slots, self.costs.lines(doubt))
         commons = [[s.cap if s.fixed else min(k, s.cap) for s in slots] for k in range(self.k_max + 1)]
         rate = max(sum(g[k] for g, k in zip(gains, ks)) / max(seconds(ks, True), 1e-9) for ks in commons)
         score = lambda ks: sum(g[k] for g, k in zip(gains, ks)) - rate * seconds(ks)  # noqa: E731
