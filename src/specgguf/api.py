@@ -1,11 +1,10 @@
 """The user-facing API: ``generate()`` and the reusable ``SpeculativeLlama``.
 
 Data flows one way: a call becomes a :class:`~specgguf.config.GenerationConfig`
-and prompt ids (checked at the call), then one run under the object's lock:
-a :class:`~specgguf.ops.sampling.Sampler` for the config, a draft policy from
-:class:`~specgguf.engine.learning.Learning`, the decoder over the adapter's target
-and drafter, and a :class:`~specgguf.llama.text.TextStream` that turns tokens into
-text and decides where the output ends.
+and prompt ids (checked at the call), and a
+:class:`~specgguf.ops.sampling.Sampler` for the config; a
+:class:`~specgguf.run.Runner` then runs it (alone through the decoder, or
+in the engine's shared rounds) and turns its tokens into text.
 """
 
 from __future__ import annotations
@@ -14,26 +13,22 @@ import inspect
 import os
 import sys
 import threading
-import time
 from dataclasses import fields
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
+from typing import Dict, Iterator, List, Optional, Sequence, Union
 
 import llama_cpp
 
 from .completions import CompletionMethods
 from .config import GenerationConfig
-from .engine.decoder import SpeculativeDecoder
-from .engine.batch import Engine
-from .engine.learning import AUTO_K_MAX, Learning, clock_blind
-from .engine.lookup_first import LookupFirst
-from .engine.policy import SlotView
 from .engine.calibration import calibrate, measure_acceptance
+from .engine.learning import AUTO_K_MAX
 from .llama.grammar import Grammar
-from .llama.model import InUse, ModelLike, ubatches
+from .llama.model import ModelLike
 from .llama.pair import ModelPair
+from .llama.text import Prompt
 from .ops.sampling import Sampler
-from .llama.text import Prompt, TextStream
-from .output import GenerationResult, Pieces, result
+from .output import GenerationResult
+from .run import Runner
 
 
 _SETTINGS = frozenset(f.name for f in fields(GenerationConfig))
@@ -60,6 +55,8 @@ class SpeculativeLlama(CompletionMethods):
         tensor_split: the share of layers per worker (default: by free memory).
         config: default :class:`GenerationConfig` for this object's calls.
         store: where learned state lives (default: :func:`specgguf.state.state_dir`).
+        parallel: slots, generations that run together in shared rounds
+            (:meth:`generate_many`, the server); 1: one at a time.
         **settings: generation settings (``max_tokens``, ``temperature``,
             ``k``, ... as :class:`GenerationConfig`) that become this object's
             defaults, e.g. ``SpeculativeLlama(t, d, k=0)``.
@@ -67,8 +64,10 @@ class SpeculativeLlama(CompletionMethods):
     One generation runs at a time: a call from another thread waits for the
     running one (see :class:`InUse`). Models loaded here keep their KV cache
     between calls, so a prompt that extends the last one (a chat) is not
-    evaluated again; ``llama_cpp.Llama`` objects passed in are left empty
-    after each call, as they were found.
+    evaluated again. ``llama_cpp.Llama`` objects passed in keep theirs too,
+    until they are run on their own (their own next call starts from
+    scratch; the next call here then reads its prompt again: see
+    :meth:`~specgguf.llama.model.LlamaModel.held`); an error empties them.
     """
 
     def __init__(self, target: ModelLike, draft: ModelLike, *, config: Optional[GenerationConfig] = None,
@@ -84,15 +83,8 @@ class SpeculativeLlama(CompletionMethods):
         self.chosen = frozenset(_SETTINGS if config is not None else settings)
         self.pair = ModelPair(target, draft, **kwargs)
         self.names = self.pair.names
-        # Several slots keep a KV stream each in the target: a round may take several passes.
-        split = self.pair.slots > 1 and not self.pair.target.model.unified
-        self.learning = Learning(self.pair.state, self.pair.draft_model is None, ubatches if split else None)
-        self.guard = InUse("SpeculativeLlama")
-        self.engine: Optional[Engine] = None
-        if self.pair.slots > 1:  # several generations at once, in shared rounds
-            draft = self.pair.draft_model.model if self.pair.draft_model else None
-            self.engine = Engine(self.pair.target.model, draft, None if draft else self.pair.drafter,
-                                 self.learning.online)
+        self.runner = Runner(self.pair)
+        self.learning, self.engine, self.guard = self.runner.learning, self.runner.engine, self.runner.guard
 
     @property
     def n_ctx(self) -> int:
@@ -171,100 +163,7 @@ class SpeculativeLlama(CompletionMethods):
             raise ValueError(f"the prompt has {len(ids)} tokens; the context window is {self.n_ctx}")
         grammar = Grammar(*self.pair.vocab, config.grammar) if config.grammar is not None else None  # fails here
         sampler = Sampler.from_config(config, origin=len(ids), grammar=grammar)
-        return self._run(ids, config, sampler, should_stop)
-
-    def _run(self, ids: List[int], config: GenerationConfig, sampler: Sampler, should_stop) -> Iterator:
-        if self.engine is not None:
-            yield from self._run_slot(ids, config, sampler, should_stop)
-            return
-        pair = self.pair
-        with self.guard:
-            if not pair.owns:  # the Llama objects may have been used on their own since; a
-                # clock-blind run starts empty, as it did: what is cached moves its K, and its seeded text
-                pair.reset(unless_held=not (config.k == "auto" and clock_blind(config)))
-            t0, before = time.perf_counter(), pair.timers()
-            cached = len(ids) - pair.target.model.lag(ids)
-            pair.use(sampler)
-            budget = self._budget(ids, config)
-            view = SlotView(config.regime, AUTO_K_MAX, target_lag=max(1, len(ids) - cached),
-                            draft_lag=pair.drafter.lag(ids), remaining=budget)
-            policy = self.learning.policy(config, lambda: pair.prompt_agreement(ids, sampler), view)
-            lookup = None if pair.lookup is None else LookupFirst(
-                pair.lookup, self.learning.lookup_policy(config), 0 if config.k == "auto" else config.k)
-            dec = SpeculativeDecoder(pair.drafter, pair.target, k=policy or config.k, sampler=sampler,
-                                     p_min=config.p_min, plain_first=True, lookup=lookup,  # the first token at once
-                                     regime=config.regime)
-            out = self._text(config)
-            produced: List[int] = []
-            tokens = dec.stream(ids, budget, stop_tokens=self.pair.eog)
-            yield from self._decode(tokens, out, should_stop, produced, sampler, dec.stats)
-            seconds = time.perf_counter() - t0
-            self.learning.finish(policy, config)
-            result = self._result(dec, out, produced[:out.n_tokens()], len(ids), seconds, before)
-            result.stats["cached_tokens"] = max(0, cached)
-            result.stats["why"] = policy.explain(config.regime) if policy else None
-            yield result
-
-    def _run_slot(self, ids: List[int], config: GenerationConfig, sampler: Sampler, should_stop) -> Iterator:
-        """One generation among others in the engine's shared rounds (``parallel`` > 1)."""
-        pair = self.pair
-        t0, before = time.perf_counter(), pair.timers()
-        ticket = self.engine.submit(ids, self._budget(ids, config), pair.eog, sampler, config.regime,
-                                    None if config.k == "auto" else config.k, config.p_min,
-                                    start=lambda: self.learning.ready(self.learning.online, config))
-        out = self._text(config)
-        produced: List[int] = []
-        yield from self._decode(iter(ticket), out, should_stop, produced, sampler, ticket.stats)
-        self.learning.keep(config.regime, self.engine.record(config.regime))  # for later processes
-        result = self._result(ticket, out, produced[:out.n_tokens()], len(ids), time.perf_counter() - t0, before)
-        result.stats["cached_tokens"] = ticket.cached
-        result.stats["why"] = self.engine.explain(config.regime) if config.k == "auto" else None
-        yield result
-
-    def _budget(self, ids: List[int], config: GenerationConfig) -> int:
-        """Tokens this generation may emit: max_tokens, within the context window."""
-        return min(config.max_tokens, self.n_ctx - len(ids))
-
-    def _text(self, config: GenerationConfig) -> TextStream:
-        """The text of one generation, ended by its stop strings or an end-of-generation token."""
-        llm = self.pair.target_llm
-        return TextStream(lambda t: llm.detokenize([t], special=False), config.stop, self.pair.eog)
-
-    def _decode(self, tokens: Iterator[int], out: TextStream, should_stop, produced: List[int],
-                sampler: Sampler, stats):
-        """:class:`~specgguf.output.Piece` s of text from ``tokens`` until ``out`` or
-        ``should_stop`` ends them (``stats``: the run's, with each token's
-        provenance); the models are reset after an error. After a clean run
-        their caches keep the text for the next call, the caller's ``Llama``
-        objects' too (their own next use starts from scratch: see
-        :meth:`~specgguf.llama.model.LlamaModel.held`)."""
-        clean, piece = False, Pieces(out, stats, sampler.logprobs)
-        try:
-            for tok in tokens:
-                produced.append(tok)
-                text = out.add(tok)
-                if text:
-                    yield piece(text)
-                if out.stopped or (should_stop is not None and should_stop()):
-                    out.stopped = True
-                    break
-            rest = out.finish()
-            if rest:
-                yield piece(rest)
-            clean = True
-        finally:
-            close = getattr(tokens, "close", None)
-            if close is not None:
-                close()  # an engine's request ends (cancelled) with its stream
-            if self.engine is None:  # the engine's thread may still read it: freed when collected
-                sampler.close()
-            if not clean and self.engine is None:
-                self.reset()  # clean and usable after any exit, Ctrl-C included
-
-    def _result(self, run, out: TextStream, tokens: List[int], n_prompt: int,
-                seconds: float, before: tuple) -> GenerationResult:
-        spent = [b - a for a, b in zip(before, self.pair.timers())]
-        return result(run, out, tokens, n_prompt, self.n_ctx, seconds, spent)
+        return self.runner(ids, config, sampler, should_stop)
 
     def calibrate(self, progress=None) -> dict:
         """Measure this machine's forward costs for the pair and the draft's
