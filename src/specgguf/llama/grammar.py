@@ -10,7 +10,7 @@ apply. :class:`~specgguf.ops.logits.LogitRules` applies it to each row.
 from __future__ import annotations
 
 import ctypes
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -148,15 +148,10 @@ class Grammar:
 
     def mask(self, row: np.ndarray, handle, cut, key: Optional[Tuple[int, ...]] = None) -> None:
         """Set forbidden tokens of ``row`` (``[V]`` float32, in place) to -inf,
-        checking candidates best first, a chunk at a time, until ``cut`` (a
-        :class:`~specgguf.ops.logits.Cut`: what the warp reads) is settled.
-        Stopped past ``top_k`` allowed tokens, the unchecked ones rank below
-        them (ties to the lower id, as the argmax and top-k break them) and
-        are left as they are; stopped earlier (min-p and top-p settled it),
-        they are set to -inf, which changes nothing the warp keeps. Either
-        way the warp's output is the fully masked row's, at a fraction of
-        the cost. ``key`` (see :meth:`key`) reuses a full pass made for the
-        same state."""
+        as far as ``cut`` (a :class:`~specgguf.ops.logits.Cut`: what the warp
+        reads) needs (:func:`mask_best_first`): the warp's output is the fully
+        masked row's, at a fraction of the cost. ``key`` (see :meth:`key`)
+        reuses a full pass made for the same state."""
         if handle is None:
             return
         head = row[:self.n_vocab]
@@ -168,30 +163,46 @@ class Grammar:
             best = int(np.argmax(head))
             if self._check(handle, np.array([best]), head[best:best + 1])[0]:
                 return
-        finite = np.flatnonzero(np.isfinite(head))
-        values = head[finite]  # the order to check in: before any is masked
-        size = self.CHUNK
-        done, kept = 0, []
-        while done < len(finite):
-            if size >= len(finite):
-                pick, below = np.arange(len(finite)), -np.inf
-            else:
-                below = np.partition(values, len(finite) - size)[len(finite) - size]
-                pick = np.flatnonzero(values >= below)  # ties at the cut included
-            pick = pick[np.lexsort((finite[pick], -values[pick]))][done:]
-            ids = finite[pick]
-            ok = self._check(handle, ids, values[pick])
-            head[ids[~ok]] = -np.inf
-            kept.append(values[pick][ok])
-            done += len(ids)
-            allowed = np.concatenate(kept)
-            if cut.top_k and len(allowed) >= cut.top_k:
-                break
-            if done < len(finite) and cut.settled(allowed, float(below), len(finite) - done):
-                head[finite[values < below]] = -np.inf
-                break
-            size *= 8
-        if done == len(finite) and key is not None and len(finite) == self.n_vocab:
+        whole = mask_best_first(head, lambda ids, values: self._check(handle, ids, values), cut, self.CHUNK)
+        if whole and key is not None:
             self.allowed[key] = np.isfinite(head)
-        if not any(len(k) for k in kept):
-            raise ValueError("grammar: no token is allowed here (the grammar cannot continue)")
+
+
+def mask_best_first(head: np.ndarray, check: Callable, cut, chunk: int) -> bool:
+    """Set the tokens of ``head`` (``[V]`` float32 logits, in place) that
+    ``check(ids, logits) -> bool [n]`` forbids to -inf, checking candidates
+    best first, ``chunk`` at a time (each round eight times the last), until
+    ``cut`` is settled. Stopped past ``top_k`` allowed tokens, the unchecked
+    ones rank below them (ties to the lower id, as the argmax and top-k break
+    them) and are left as they are; stopped earlier (min-p and top-p settled
+    it), they are set to -inf, which changes nothing the warp keeps. True
+    when every token of the vocabulary was checked.
+
+    Raises:
+        ValueError: no token is allowed.
+    """
+    finite = np.flatnonzero(np.isfinite(head))
+    values = head[finite]  # the order to check in: before any is masked
+    size, done, kept = chunk, 0, []
+    while done < len(finite):
+        if size >= len(finite):
+            pick, below = np.arange(len(finite)), -np.inf
+        else:
+            below = np.partition(values, len(finite) - size)[len(finite) - size]
+            pick = np.flatnonzero(values >= below)  # ties at the cut included
+        pick = pick[np.lexsort((finite[pick], -values[pick]))][done:]
+        ids = finite[pick]
+        ok = check(ids, values[pick])
+        head[ids[~ok]] = -np.inf
+        kept.append(values[pick][ok])
+        done += len(ids)
+        allowed = np.concatenate(kept)
+        if cut.top_k and len(allowed) >= cut.top_k:
+            break
+        if done < len(finite) and cut.settled(allowed, float(below), len(finite) - done):
+            head[finite[values < below]] = -np.inf
+            break
+        size *= 8
+    if not any(len(k) for k in kept):
+        raise ValueError("grammar: no token is allowed here (the grammar cannot continue)")
+    return done == len(finite) == len(head)
