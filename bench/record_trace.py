@@ -10,7 +10,13 @@ here on this machine with the real models:
   forwards as the trace's noise;
 * agreement: for each prompt, the target's greedy answer, then the draft
   scored on the true text at every output position in one batched forward:
-  agree[i] = the draft's argmax is the target's token i.
+  agree[i] = the draft's argmax is the target's token i; and what a first
+  run measures of the draft on the prompt itself, from empty caches
+  (``measure``: acceptance and positions, as SpeculativeLlama's first run
+  scores the prompt's text rows).
+
+``--measure-only TRACE`` adds ``measure`` to a trace recorded before it
+existed (its calls are PROMPTS in order; the same pair must be given).
 
 Writes JSON that simulator.load_trace reads (tests/data/ holds the ones the
 tests replay). Regime: the pair given, on this machine.
@@ -29,7 +35,9 @@ from pathlib import Path
 import numpy as np
 
 import specgguf
+from specgguf import GenerationConfig
 from specgguf.llama import models
+from specgguf.ops.sampling import Sampler
 
 PROMPTS = [
     "Write a short story about a robot who learns to paint.",
@@ -76,7 +84,15 @@ def agreement(pair, llm, prompt: str, tokens: int) -> tuple:
     out = llm.generate(ids, max_tokens=tokens, k=0).tokens
     seq = ids + out
     rows = pair.draft_model.model.eval(seq[:-1], len(out))
-    return len(ids), [bool(a) for a in np.argmax(rows, axis=1) == np.array(out)]
+    return len(ids), [bool(a) for a in np.argmax(rows, axis=1) == np.array(out)], prompt_measure(pair, ids)
+
+
+def prompt_measure(pair, ids) -> list:
+    """``[acceptance, positions]`` a first greedy run measures on the prompt
+    ``ids`` (``ModelPair.prompt_agreement`` from empty caches); ``[0, 0]``: too short to say."""
+    pair.reset()
+    got = pair.prompt_agreement(ids, Sampler.from_config(GenerationConfig(), origin=len(ids)))
+    return [float(got[0]), int(got[1])] if got else [0.0, 0]
 
 
 def main() -> None:
@@ -87,15 +103,21 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--name", help="the trace's name (default: from the models)")
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", help="where to write the trace")
+    ap.add_argument("--measure-only", metavar="TRACE", help="add the prompt measurement to TRACE instead")
     args = ap.parse_args()
+    if bool(args.out) == bool(args.measure_only):
+        ap.error("give one of --out and --measure-only")
     llm = specgguf.SpeculativeLlama(args.target, args.draft)
     pair = llm.pair
+    if args.measure_only:
+        return add_measure(pair, llm, Path(args.measure_only))
     calls = []
     for p in PROMPTS:
-        n_prompt, agree = agreement(pair, llm, p, args.tokens)
-        calls.append({"prompt": n_prompt, "agree": agree})
-        print(f"  {p[:40]!r}: {len(agree)} tokens, agreement {np.mean(agree):.2f}", flush=True)
+        n_prompt, agree, measure = agreement(pair, llm, p, args.tokens)
+        calls.append({"prompt": n_prompt, "agree": agree, "measure": measure})
+        print(f"  {p[:40]!r}: {len(agree)} tokens, agreement {np.mean(agree):.2f}, "
+              f"on the prompt {measure[0]:.2f} over {measure[1]}", flush=True)
     pair.reset()
     ids = llm.tokenize([{"role": "user", "content": PROMPTS[2]}], chat=True)
     c = costs(pair, ids, args.repeats)
@@ -106,6 +128,22 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"name": name, "costs": c, "calls": calls}, indent=1))
     print(f"wrote {args.out}")
+
+
+def add_measure(pair, llm, path: Path) -> None:
+    text = path.read_text()
+    d = json.loads(text)
+    if len(d["calls"]) != len(PROMPTS):
+        raise SystemExit(f"{path}: {len(d['calls'])} calls, not one per prompt ({len(PROMPTS)})")
+    for call, p in zip(d["calls"], PROMPTS):
+        ids = llm.tokenize([{"role": "user", "content": p}], chat=True)
+        if len(ids) != call["prompt"]:
+            raise SystemExit(f"{path}: a prompt of {call['prompt']} tokens where {p[:30]!r} has {len(ids)}")
+        call["measure"] = prompt_measure(pair, ids)
+        print(f"  {p[:40]!r}: agreement {np.mean(call['agree']):.2f}, on the prompt "
+              f"{call['measure'][0]:.2f} over {call['measure'][1]}", flush=True)
+    path.write_text(json.dumps(d, indent=1 if "\n" in text.strip() else None))  # as it was written
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -8,8 +8,8 @@ Traces: the synthetic regimes of specgguf.engine.simulator.regimes(), and the
 recorded traces in tests/data/ (bench/record_trace.py).
 
 With --engine, the same traces as the engine runs them (serve with
-parallel > 1: one request at a time, each new to its slot, no prompt
-measurement), from a fresh engine.
+parallel > 1: one request at a time, each new to its slot, the draft
+measured on its prompt in its first round), from a fresh engine.
 
     .venv/bin/python bench/simulate.py [--seeds 3] [--engine]
 """

@@ -73,11 +73,13 @@ class Costs:
 
 @dataclass
 class Call:
-    """One generation: its prompt length, tokens asked for, and agreement per output position."""
+    """One generation: its prompt length, tokens asked for, agreement per
+    output position, and what measuring the draft on its prompt finds."""
 
     prompt: int
     agree: List[bool]
     max_tokens: int = 0  # 0: len(agree)
+    measure: Optional[List[float]] = None  # (acceptance, positions) on the prompt, recorded; None: see _prompt_measure
 
     @property
     def n(self) -> int:
@@ -179,8 +181,11 @@ def _run_call(call: Call, k, policy: Optional[Policy], regime: str, clock: _Cloc
 
 
 def _prompt_measure(call: Call) -> Optional[tuple]:
-    """What measuring the draft on the call's prompt finds: the prompt is
-    taken to look like the text, so its first agreements (at most 32)."""
+    """What measuring the draft on the call's prompt finds: as recorded
+    (bench/record_trace.py scores the real prompt as the first run does);
+    else the prompt is taken to look like the text: its first agreements (at most 32)."""
+    if call.measure is not None:
+        return (float(call.measure[0]), int(call.measure[1])) if call.measure[1] else None
     sample = call.agree[:min(32, len(call.agree))]
     return (float(np.mean(sample)), len(sample)) if len(sample) >= 4 else None
 
