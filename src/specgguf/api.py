@@ -153,8 +153,8 @@ class SpeculativeLlama(CompletionMethods):
 
         Settings (``max_tokens``, ``temperature``, ... as
         :class:`GenerationConfig`) override ``config``, which overrides the
-        object's defaults. ``should_stop``: a function checked once per round;
-        when it returns True the generation ends (finish_reason "stop").
+        object's defaults. ``should_stop``: a function checked after each
+        token; when it returns True the generation ends there (finish_reason "stop").
         The prompt and settings are checked here, before anything runs.
         """
         config = GenerationConfig.from_kwargs(config or self.defaults, **settings)
