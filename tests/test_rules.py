@@ -161,6 +161,23 @@ def test_grammar_mask_equals_the_full_mask(vocab_llm):
     g.close()
 
 
+def test_a_row_the_grammar_allows_nothing_of_is_a_clear_error_every_time(vocab_llm):
+    """A state that allows none of a row's finite tokens (the rules before
+    the grammar, a logit_bias of -inf say, removed every token it allows)
+    raises a clear ValueError at every cut and on every ask of the same
+    state, never a row masked to all -inf."""
+    vocab, n = vocab_llm._model.vocab, vocab_llm.n_vocab()
+    g = Grammar(vocab, n, 'root ::= "yes"')
+    h = g.state([])
+    base = np.random.default_rng(1).standard_normal(n).astype(np.float32)
+    base[g._check(h, np.arange(n), base)] = -np.inf  # every allowed token gone
+    for _ in range(2):
+        for need in (0, 1, 40):
+            with pytest.raises(ValueError, match="no token is allowed"):
+                g.mask(base.copy(), h, Cut(need), g.key([]))
+    g.close()
+
+
 def test_grammar_mask_warps_as_the_full_mask(vocab_llm):
     """Stopped early by min-p and top-p, the masked row warps to exactly (bit
     for bit) what the fully masked row warps to, for several truncations and
