@@ -1,5 +1,6 @@
 """End to end on the real SmolLM2 pair from models.lock (fetched by scripts/setup.sh)."""
 
+import threading
 from dataclasses import replace
 
 import numpy as np
@@ -600,3 +601,22 @@ def test_a_chat_templates_tokens_are_not_measured(target, draft):
     assert text_agreement(t, ids, Sampler("greedy"), t_rows, d_rows) == (1.0, keep.sum())
     d_rows[np.flatnonzero(keep)[0], 5] = 1.0
     assert text_agreement(t, ids, Sampler("greedy"), t_rows, d_rows) == (1.0 - 1.0 / keep.sum(), keep.sum())
+
+
+def test_every_forward_runs_in_the_callers_thread(spec, monkeypatch):
+    """A one-slot pair decodes in the caller's thread, several prompts too:
+    a forward on a thread made for the call would start a second OpenMP
+    team, and libgomp then sleeps at barriers (see specgguf.api.merge)."""
+    import llama_cpp
+    real, threads = llama_cpp.llama_decode, set()
+
+    def decode(ctx, batch):  # the real forward, noting the thread it runs in
+        threads.add(threading.get_ident())
+        return real(ctx, batch)
+
+    monkeypatch.setattr(llama_cpp, "llama_decode", decode)
+    results = spec.generate_many([msgs(PROMPTS[0]), msgs(PROMPTS[1])], max_tokens=6, k=2)
+    assert [r.stats["completion_tokens"] for r in results] == [6, 6]
+    pieces = list(spec.generate_many(["Once upon a time", "The sea"], max_tokens=4, stream=True))
+    assert {i for i, _ in pieces} == {0, 1}
+    assert threads == {threading.get_ident()}

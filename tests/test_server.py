@@ -492,3 +492,46 @@ def test_a_busy_port_or_bad_host_is_one_line_before_serving(host, why):
     lines = [x for x in r.stderr.splitlines() if not x.startswith("specgguf: warning")]
     assert len(lines) == 1 and lines[0].startswith("specgguf: error: cannot listen on") and why in lines[0], r.stderr
     assert "serving" not in r.stderr
+
+
+def _cpu_ticks(pid):
+    """{thread id: CPU ticks so far} of every live thread of ``pid``."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            out[int(tid)] = int(fields[11]) + int(fields[12])  # utime + stime
+        except OSError:  # the thread ended meanwhile
+            pass
+    return out
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads /proc")
+def test_one_slot_decodes_every_request_on_one_thread(session_state):
+    """Each request's forwards run on the same long-lived thread (with its
+    OpenMP worker): a thread per request would start an OpenMP team each,
+    and libgomp then sleeps at barriers, costing up to half the speed."""
+    s = Served("--parallel", "1", "-k", "2", key=None)
+    try:
+        def burners(*bodies):  # threads that did real work during these requests (live at the end)
+            before = _cpu_ticks(s.proc.pid)
+            with httpx.Client(timeout=120) as h:
+                pending = [threading.Thread(target=h.post, args=(s.url + path,), kwargs={"json": b})
+                           for path, b in bodies]
+                for t in pending:
+                    t.start()
+                for t in pending:
+                    t.join()
+            after = _cpu_ticks(s.proc.pid)
+            return {tid for tid, n in after.items() if tid != s.proc.pid and n - before.get(tid, 0) >= 10}
+
+        chat_body = {"messages": chat(PROMPTS[1]), "max_tokens": 64, "temperature": 0}
+        first = burners(("/v1/chat/completions", chat_body))
+        assert first, s.text()
+        assert burners(("/v1/chat/completions", dict(chat_body, stream=True))) == first
+        assert burners(("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 40, "n": 2})) == first
+        assert burners(("/v1/chat/completions", chat_body), ("/v1/completions",  # one waits its turn
+                        {"prompt": "The sea", "max_tokens": 40, "temperature": 0.8, "seed": 1})) == first
+    finally:
+        s.stop()

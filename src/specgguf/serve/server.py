@@ -63,7 +63,12 @@ class Server:
         self.slots = llm.pair.slots  # requests that run at once
         self.pending = 0  # requests admitted: running or waiting
         self.admit = threading.Lock()
-        self.pool = ThreadPoolExecutor(max_workers=queue + self.slots, thread_name_prefix="specgguf-gen")
+        # With one slot the request's own worker decodes, so there is one worker: every forward
+        # of the process on one long-lived thread (a second thread's OpenMP team would slow
+        # both: see specgguf.api.merge), requests waiting their turn in its queue. With
+        # several, the engine's thread decodes and each request's worker only relays.
+        workers = 1 if self.slots == 1 else queue + self.slots
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="specgguf-gen")
         self.stopping = threading.Event()
         self.created = int(time.time())
 
