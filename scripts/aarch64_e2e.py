@@ -11,7 +11,10 @@ Checks, on the real pair (exits non-zero on the first that fails):
   greedy output from llama-cpp-python's own loop on the same Llama, with the
   good draft and with the poor one (whose rejections make the adapter cut the
   KV cache back: at least one round must reject);
-* seeded drafter-invariant sampling at 0.8 gives k=0's text.
+* seeded drafter-invariant sampling at 0.8 gives k=0's text;
+* the build is batch-invariant: the target (F32) and the draft (Q4_1) score
+  a batch of tokens bit for bit as one token at a time
+  (scripts/patches/llama-batch-invariant.patch, :func:`specgguf.llama.invariance.probe`).
 """
 
 import sys
@@ -56,6 +59,20 @@ def main(target, draft, poor):
                   f"{outs[1].text!r}, drafted {outs[1].stats['drafted']}")
         del llm
     check("some draft was rejected, so the KV cache was cut back", rejected > 0, f"{rejected} rejected")
+    invariant(target, draft)
+
+
+def invariant(*paths):
+    from specgguf.llama.invariance import INVARIANT_TOKENS, batch_invariance, probe
+    from specgguf.llama.model import LlamaModel, load_llama
+    check("llama.cpp's batch invariance is on", batch_invariance() == INVARIANT_TOKENS, f"{batch_invariance()}")
+    for path in paths:
+        t0 = time.perf_counter()
+        llm = load_llama(path, n_ctx=256, n_threads=2)
+        ids = llm.tokenize(b"The capital of France is Paris, and the capital of Italy is Rome.", add_bos=True)[:14]
+        got = probe(LlamaModel(llm), ids, batch=5)
+        check(f"{path.rsplit('/', 1)[-1]} scores a batch of 5 as one token at a time, bit for bit",
+              got["identical"] == got["rows"] > 0, f"{got}, {time.perf_counter() - t0:.0f} s")
 
 
 if __name__ == "__main__":

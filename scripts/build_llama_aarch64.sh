@@ -24,16 +24,20 @@ sdist="$CACHE/llama-src/llama_cpp_python-$LLAMA_VERSION.tar.gz"
 flags=$(bash scripts/llama_flags.sh --cpu "$cpu")
 case "$flags" in *GGML_NATIVE=ON*) echo "build_llama_aarch64: no flags known for $cpu" >&2; exit 2 ;; esac
 CMAKE=${CMAKE:-$(command -v cmake || echo .venv/bin/cmake)}
-key=$(printf '%s %s %s 2' "$LLAMA_VERSION" "$flags" "$(aarch64-linux-gnu-gcc -dumpfullversion)" | sha256sum | cut -c1-16)
+patches=$(cat scripts/patches/*.patch | sha256sum | cut -c1-16)  # applied as setup.sh applies them
+key=$(printf '%s %s %s 2 %s' "$LLAMA_VERSION" "$flags" "$(aarch64-linux-gnu-gcc -dumpfullversion)" "$patches" | sha256sum | cut -c1-16)
 out="$CACHE/llama-aarch64/$cpu-$key"
 if [ ! -f "$out/lib/libllama.so" ] || [ ! -x "$out/bin/rpc-server" ]; then
   # One build folder for every core: only ggml-cpu takes the CPU's flags, so
   # the second core rebuilds that library alone (about a minute, not four).
-  base="$CACHE/llama-aarch64/build-$(printf '%s %s' "$LLAMA_VERSION" "$(aarch64-linux-gnu-gcc -dumpfullversion)" | sha256sum | cut -c1-12)"
+  base="$CACHE/llama-aarch64/build-$(printf '%s %s %s' "$LLAMA_VERSION" "$(aarch64-linux-gnu-gcc -dumpfullversion)" "$patches" | sha256sum | cut -c1-12)"
   src="$base/llama_cpp_python-$LLAMA_VERSION/vendor/llama.cpp"
   if [ ! -f "$src/CMakeLists.txt" ]; then
     rm -rf "$base" && mkdir -p "$base"
     tar -xzf "$sdist" -C "$base" "llama_cpp_python-$LLAMA_VERSION/vendor/llama.cpp"
+    for p in scripts/patches/*.patch; do
+      patch -s -p1 -d "$base/llama_cpp_python-$LLAMA_VERSION" < "$p"
+    done
   fi
   echo "build_llama_aarch64: building llama.cpp $LLAMA_VERSION for $cpu with: $flags (about 4 minutes on 2 cores, then a minute per other core)" >&2
   # shellcheck disable=SC2086  # $flags is a list of words

@@ -15,6 +15,13 @@
 # against a pinned sha256; the built wheel is kept in a cache keyed by the
 # flags, because pip's own wheel cache ignores CMAKE_ARGS.
 #
+# The sdist is patched before it is built (scripts/patches/*.patch, applied in
+# name order and part of the cache key): llama-batch-invariant.patch lets a
+# forward of fewer than N tokens compute each token's row exactly as a one-token
+# forward does (ggml_cpu_set_batch_invariant; specgguf turns it on when it loads
+# a model), so verification reproduces plain decoding bit for bit. See
+# scripts/patches/README.md.
+#
 # rpc-server is compiled from the sdist's tools/rpc/rpc-server.cpp against the
 # libggml this venv's llama-cpp-python ships, so the workers and the client
 # speak exactly the same protocol version.
@@ -68,7 +75,8 @@ PYEOF
     rm -f "$sdist"; echo "setup: the sdist does not match its pinned sha256" >&2; exit 1; }
 fi
 
-key=$(printf '%s %s %s' "$LLAMA_VERSION" "$flags" "$("$VPY" -c 'import sys; print(sys.version_info[:2])')" | sha256sum | cut -c1-16)
+patches=$(cat scripts/patches/*.patch | sha256sum | cut -c1-16)
+key=$(printf '%s %s %s %s' "$LLAMA_VERSION" "$flags" "$("$VPY" -c 'import sys; print(sys.version_info[:2])')" "$patches" | sha256sum | cut -c1-16)
 stamp="$VENV/.specgguf-llama-build"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$key" ] || ! "$VPY" -c "import llama_cpp" 2>/dev/null; then
   wheels="$CACHE/llama-wheels/$key"
@@ -76,7 +84,13 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$key" ] || ! "$VPY" -c "import llama_cpp"
     echo "setup: building llama-cpp-python $LLAMA_VERSION with: $flags (several minutes)"
     "$VPY" -m pip install -q scikit-build-core cmake ninja
     rm -rf "$wheels.tmp"
-    CMAKE_ARGS="$flags" "$VPY" -m pip wheel -q --no-cache-dir --no-deps -w "$wheels.tmp" "$sdist"
+    tree=$(mktemp -d)
+    tar -xzf "$sdist" -C "$tree"
+    for p in scripts/patches/*.patch; do
+      patch -s -p1 -d "$tree/llama_cpp_python-$LLAMA_VERSION" < "$p"
+    done
+    CMAKE_ARGS="$flags" "$VPY" -m pip wheel -q --no-cache-dir --no-deps -w "$wheels.tmp" "$tree/llama_cpp_python-$LLAMA_VERSION"
+    rm -rf "$tree"
     rm -rf "$wheels" && mv "$wheels.tmp" "$wheels"
   fi
   "$VPY" -m pip install -q --force-reinstall --no-deps "$wheels"/llama_cpp_python-*.whl

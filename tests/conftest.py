@@ -131,15 +131,6 @@ PROMPTS = [
 ]
 
 
-def greedy_near_tie(row, a, b, tie=0.01):
-    """Whether tokens ``a`` and ``b`` are the two best logits of ``row`` and
-    within ``tie`` of each other: llama.cpp's forward is not batch-invariant
-    (a row's logits move by about 1e-3 with what shares its forward), so
-    greedy decoding may take either side of such a tie."""
-    top = np.argsort(row)[::-1][:2]
-    return {int(t) for t in top} == {a, b} and row[top[0]] - row[top[1]] < tie
-
-
 def msgs(prompt):
     return [{"role": "user", "content": prompt}]
 

@@ -65,6 +65,21 @@ def test_runs_the_default_pair_with_json_and_stats():
     assert int(n) <= 24 and abs(int(n) / float(seconds) - float(rate)) < 0.15 * float(rate) + 0.2
     assert "after the first token" in line
     assert "specgguf: k=auto: " in r.stderr and "plain decoding" in r.stderr  # why it drafted as it did
+    assert "bit-identical to plain decoding (llama.cpp's batch invariance is on)" in r.stderr
+
+
+def test_check_pair_measures_whether_output_is_bit_identical():
+    """check-pair compares the target's batched rows with one token at a
+    time, bit for bit: identical with specgguf's build, and the measured
+    difference once the switch is off."""
+    r = cli("check-pair", "-n", "24", "--threads", "2")
+    assert r.returncode == 0, r.stderr
+    assert "output identical to the target alone: yes" in r.stdout
+    assert "exactness: bit-identical here" in r.stdout, r.stdout
+    r = cli("check-pair", "-n", "24", "--threads", "2", env={"SPECGGUF_BATCH_INVARIANT": "0"})
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.startswith("exactness:"))
+    assert "up to rounding here" in line and "max logit difference" in line and "turned off" in line, line
 
 
 def test_ngram_draft_and_stop_strings():

@@ -9,7 +9,7 @@ llama_cpp = pytest.importorskip("llama_cpp")
 
 import specgguf  # noqa: E402
 from specgguf.llama import models  # noqa: E402
-from tests.conftest import PROMPTS, greedy_near_tie, msgs  # noqa: E402
+from tests.conftest import PROMPTS, msgs  # noqa: E402
 
 
 def target_llama(**kw):
@@ -36,35 +36,16 @@ def streamed(chunks):
     return "".join(out)
 
 
-def same_up_to_a_near_tie(plain, drafted, tie=0.01) -> bool:
-    """Whether the two Llamas' last texts (their evaluated tokens) are the
-    same, or part where the target's two best logits were within ``tie``.
-    llama.cpp's forward is not batch-invariant: a row's logits move by about
-    1e-3 with the batch it is in, and Llama verifies a draft in one batch.
-    Seen in CI: ' ' against ' Ming', 0.00019 apart, went the other way once
-    the policy's K put that position in another batch. Anywhere else a
-    difference is a real one, and this returns False."""
-    a, b = list(plain.input_ids[:plain.n_tokens]), list(drafted.input_ids[:drafted.n_tokens])
-    i = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
-    if i is None:
-        return False  # the texts differ, yet no evaluated token does
-    plain.reset()
-    plain.eval(a[:i])  # without logits_all, Llama keeps no scores: the context's last row
-    row = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(plain.ctx, -1), shape=(plain.n_vocab(),)).copy()
-    plain.reset()
-    return greedy_near_tie(row, a[i], b[i], tie)
-
-
 def test_greedy_output_is_the_llama_without_a_draft(pair):
     plain, drafted, draft = pair
     draft.reset()
     for prompt in PROMPTS:
         a = plain.create_chat_completion(msgs(prompt), max_tokens=48, temperature=0)
         b = drafted.create_chat_completion(msgs(prompt), max_tokens=48, temperature=0)
-        assert text(a) == text(b) or same_up_to_a_near_tie(plain, drafted), (text(a), text(b))
+        assert text(a) == text(b), (text(a), text(b))
     a = plain.create_completion("The history of the printing press", max_tokens=40, temperature=0)
     b = drafted.create_completion("The history of the printing press", max_tokens=40, temperature=0)
-    assert text(a) == text(b) or same_up_to_a_near_tie(plain, drafted), (text(a), text(b))
+    assert text(a) == text(b), (text(a), text(b))
     s = draft.stats
     assert s["calls"] > 0 and s["drafted"] > 0 and s["accepted"] > 0  # it really drafted
     assert 0 < s["acceptance_rate"] <= 1 and sum(s["k_chosen"].values()) == s["calls"]
@@ -76,7 +57,7 @@ def test_streaming_and_reuse_across_prompts(pair):
     for prompt in (PROMPTS[1], PROMPTS[0], PROMPTS[1]):  # back and forth: the cache is cut and refilled
         want = text(plain.create_chat_completion(msgs(prompt), max_tokens=32, temperature=0))
         got = streamed(drafted.create_chat_completion(msgs(prompt), max_tokens=32, temperature=0, stream=True))
-        assert got == want or same_up_to_a_near_tie(plain, drafted), (want, got)
+        assert got == want, (want, got)
     want = text(plain.create_completion("Once upon a time", max_tokens=24, temperature=0))
     assert streamed(drafted.create_completion("Once upon a time", max_tokens=24, temperature=0, stream=True)) == want
 

@@ -113,6 +113,7 @@ def test_check_pair_says_the_mode_and_acceptance():
     assert "mode:   cross: different tokenizers" in out.stdout
     assert "output identical to the target alone: yes" in out.stdout
     assert "acceptance, sampled at 0.8" in out.stdout
+    assert "exactness: bit-identical here" in out.stdout  # Gemma 3's F32 file too
     same = subprocess.run([sys.executable, "-m", "specgguf", "check-pair", "--draft", "ngram"],
                           capture_output=True, text=True, timeout=60)
     assert same.returncode == 2 and "needs no check" in same.stderr

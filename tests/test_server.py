@@ -368,8 +368,7 @@ def test_sixteen_concurrent_streams_all_complete(served):
 
 
 def test_concurrent_requests_each_get_what_they_get_alone(served, client):
-    # Greedy here; seeded sampling matches alone up to a near-tie that
-    # llama.cpp's batch-dependent rounding decides (tests/test_engine.py checks it).
+    # Greedy here; seeded requests through the slots: tests/test_exactness.py.
     settings = dict(temperature=0)
     assert "with 4 slots" in served.text()  # --parallel auto, said at start
     prompts = PROMPTS + ["List three colours.", "Name a large animal."]

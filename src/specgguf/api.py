@@ -125,9 +125,8 @@ class SpeculativeLlama(CompletionMethods):
 
         Loaded with ``parallel=N`` (N > 1), up to N run together in shared
         rounds: one target forward per round verifies every request's draft,
-        and each output is what that prompt gets alone: greedy token for
-        token; seeded sampling up to a race near-tie that llama.cpp's
-        batch-dependent rounding decides (see :mod:`specgguf.engine.batch`).
+        and each output is what that prompt gets alone, greedy and seeded,
+        token for token (see :mod:`specgguf.engine.batch`).
         With ``parallel=1``
         they run one after another. Every prompt and setting is checked
         before any runs.

@@ -171,12 +171,17 @@ def run(args: argparse.Namespace, stop: Interrupt) -> int:
     return 0
 
 
+EXACTNESS = {True: "bit-identical to plain decoding (llama.cpp's batch invariance is on)",
+             False: "exact up to rounding (llama.cpp without batch invariance: near-ties may flip; "
+                    "see python -m specgguf check-pair)"}
+
+
 def print_stats(s: dict) -> None:
     print(f"specgguf: {s['completion_tokens']} tokens in {s['seconds']:.2f} s ({s['tokens_per_second']:.1f} tok/s "
           f"with the prompt's evaluation, {s['decode_tokens_per_second']:.1f} tok/s after the first token; "
           f"{s['finish_reason']}); rounds {s['rounds']}, drafted {s['drafted']}, accepted {s['accepted']} "
           f"({100 * s['acceptance_rate']:.1f}%), mean accepted {s['mean_accepted']:.2f}; "
-          f"verification {s['verification']}\n"
+          f"verification {s['verification']}, " + EXACTNESS[bool(s.get("bit_identical"))] + "\n"
           f"specgguf: acceptance per position {[round(x, 2) for x in s['position_acceptance']]}; "
           f"K chosen per round {s['k_hist']}; drafting stopped by {s['stop_reasons']}\n"
           f"specgguf: time: draft {s['draft_seconds']:.2f} s, target {s['target_seconds']:.2f} s, "

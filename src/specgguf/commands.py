@@ -97,7 +97,30 @@ def check_pair_main(argv: List[str]) -> int:
         if name == "greedy":
             line += "; output identical to the target alone: " + ("yes" if r.tokens == plain else "NO")
         print(line)
+    print(exactness_line(llm.pair.target.model, llm.tokenize(CHECK_TEXT) + plain))
     return 0
+
+
+def exactness_line(model, ids: List[int]) -> str:
+    """check-pair's verdict on the target's arithmetic here: a verification
+    batch's rows against the same tokens one per forward, bit for bit."""
+    from .llama.invariance import patched, probe
+    got = [probe(model, ids, batch=b) for b in (2, 9)]
+    rows, same = sum(g["rows"] for g in got), sum(g["identical"] for g in got)
+    if same == rows:
+        return (f"exactness: bit-identical here: the target scores batches of 2 and 9 tokens exactly as one "
+                f"token at a time ({rows} positions compared bit for bit); greedy output is plain greedy's token "
+                "for token")
+    diff, flips = max(g["max_diff"] for g in got), sum(g["argmax_flips"] for g in got)
+    if got[0]["invariant_tokens"]:
+        why = "a kernel of this build still varies with the batch"
+    elif patched():
+        why = "batch invariance is turned off (SPECGGUF_BATCH_INVARIANT=0)"
+    else:
+        why = "llama.cpp was built without scripts/patches/llama-batch-invariant.patch (scripts/setup.sh applies it)"
+    return (f"exactness: up to rounding here: {rows - same} of {rows} positions differ between a batch and one "
+            f"token at a time (max logit difference {diff:.1e}, {flips} top-token flips): {why}; a near-tie "
+            "can then go the other way than in plain decoding")
 
 
 BENCH_DESCRIPTION = """\
@@ -214,4 +237,8 @@ def rpc_server_main(argv: List[str]) -> int:
     cmd = [str(binary), "-H", args.host, "-p", str(args.port), "-t", str(args.threads)] + (["-c"] if args.cache else [])
     print(f"specgguf: rpc-server listening on {args.host}:{args.port} ({args.threads} threads)", file=sys.stderr,
           flush=True)
+    # The worker computes the target's layers: batch-invariant as this machine's specgguf is
+    # (see specgguf.llama.invariance; the variable is read by the patched llama.cpp).
+    from .llama.invariance import INVARIANT_TOKENS
+    os.environ.setdefault("GGML_CPU_BATCH_INVARIANT", os.environ.get("SPECGGUF_BATCH_INVARIANT", str(INVARIANT_TOKENS)))
     os.execv(binary, cmd)  # the worker takes this process over (same pid; signals reach it)

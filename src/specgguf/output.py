@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from .engine.decoder import sources
+from .llama.invariance import batch_invariance
 from .llama.text import TextStream
 
 
@@ -83,7 +84,8 @@ def result(run, out: TextStream, tokens: List[int], n_prompt: int, n_ctx: int, s
                  context_full=out.finish_reason == "length" and n_prompt + run.stats.emitted >= n_ctx,
                  tokens_per_second=n / seconds if seconds else 0.0, seconds=seconds, completion_tokens=n,
                  forward_seconds=forwards, warp_seconds=warp, overhead_seconds=seconds - forwards,
-                 prompt_tokens=n_prompt, finish_reason=out.finish_reason, verification=run.sampler.rule)
+                 prompt_tokens=n_prompt, finish_reason=out.finish_reason, verification=run.sampler.rule,
+                 bit_identical=batch_invariance() > 0)
     lp = run.sampler.logprobs
     return GenerationResult(text=out.text, tokens=tokens, finish_reason=out.finish_reason, stats=stats,
                             logprobs=None if lp is None else lp.entries[:n],

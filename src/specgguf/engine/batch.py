@@ -16,18 +16,17 @@ One round serves every slot, read top to bottom in :meth:`Engine._round`:
    draft position (the first also catches each slot up), a slot stopping
    where its draft's confidence falls below its ``p_min``;
 3. the target scores every slot's ``[last token, d_1 .. d_K]`` in ONE
-   ``llama_decode``, logits only at those rows;
+   ``llama_decode`` (more only past the batch-invariance bound, 64 tokens:
+   :func:`~specgguf.llama.model.forwards`), logits only at those rows;
 4. each slot verifies with its own :class:`~specgguf.ops.sampling.Sampler`
    (greedy, exact p/q, or the drafter-invariant race with its own seed).
 
-A sequence's logits do not depend on what else is in the batch beyond
-float rounding (llama.cpp tiles a matmul by the batch's size: the same
-effect as verifying K+1 tokens at once against decoding them one by one),
-so every request's output is what it gets alone: greedy text token for
-token; seeded drafter-invariant text up to a race that rounding decides (a
-near-tie, or a token at the truncation's edge: at T=0.8 several of eight
-48-token texts in the tests, each checked to be one); exact p/q sampling
-keeps the target's law. Requests join and leave between
+A sequence's logits do not depend on what else is in the batch: each
+round's forwards stay under llama.cpp's batch-invariance bound (see
+:mod:`specgguf.llama.invariance`), where every row is computed as a
+one-token forward computes it. So every request's output is what it gets
+alone, bit for bit: greedy and seeded drafter-invariant text token for
+token; exact p/q sampling keeps the target's law. Requests join and leave between
 rounds; a cancelled request (a closed stream, a disconnected client) frees
 its slot at the next round.
 """
@@ -287,7 +286,7 @@ class Engine:
         t0 = time.perf_counter()
         drafts, forwards = self._draft(active, ks, cutoffs)
         t1 = time.perf_counter()
-        work = [(t.slot, t.ids + d.tokens, len(d.tokens) + 1 + measure.get(i, 0))
+        work = [(t.slot, t.ids + d.tokens, len(d.tokens) + 1 + measure.get(i, 0), len(d.tokens))
                 for i, (t, d) in enumerate(zip(active, drafts))]
         logits = self.target.eval_many(work)
         t2 = time.perf_counter()

@@ -40,7 +40,7 @@ class LlamaTarget:
 
     def __call__(self, prefix: Sequence[int], proposed: Sequence[int]) -> np.ndarray:
         context = list(prefix) + list(proposed)
-        logits = self.model.eval(context, len(proposed) + 1)
+        logits = self.model.eval(context, len(proposed) + 1, proposed=len(proposed))
         t0 = time.perf_counter()
         rows = self.sampler.target_rows(logits, context)
         self.warp_seconds += time.perf_counter() - t0
@@ -224,5 +224,8 @@ def prompt_agreement(target: LlamaModel, draft: LlamaModel, ids: Sequence[int], 
     n = prompt_rows(ids, target.lag(ids))
     if not n:
         return None
-    t_rows, d_rows = target.eval(ids[:-1], n), draft.eval(ids[:-1], n)
+    # The target reads the whole prompt, as plain decoding does (the row after it is kept for the
+    # first round): read without its last token, the prompt's chunk would differ from plain
+    # decoding's, and so would its arithmetic.
+    t_rows, d_rows = target.eval(ids, n + 1)[:-1], draft.eval(ids[:-1], n)
     return text_agreement(target, ids, sampler, t_rows, d_rows)

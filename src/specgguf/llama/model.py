@@ -26,6 +26,7 @@ import llama_cpp
 import numpy as np
 
 from ..ops.drafter import common_prefix
+from .invariance import batch_invariance
 
 MIN_CTX = 256         # llama.cpp raises smaller context windows to this
 
@@ -210,6 +211,11 @@ class LlamaModel:
         self.mem = llama_cpp.llama_get_memory(self.ctx)
         self.batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self.cache: List[List[int]] = [[] for _ in range(slots)]  # what each sequence's KV holds, in order
+        # each sequence's logits after its last cached token, while the cache ends there: a round
+        # after the prompt then evaluates only its drafts, and the prompt's last token is not read
+        # again in a smaller forward (whose arithmetic would differ from plain decoding's)
+        self.last: List[Optional[np.ndarray]] = [None] * slots
+        self.invariant = batch_invariance()  # forwards under this many tokens are row-invariant
         self.seconds = 0.0  # time spent in llama_decode and reading logits
         self.reset()
 
@@ -231,6 +237,7 @@ class LlamaModel:
         """Empty the KV cache (every sequence); the ``Llama`` object re-evaluates from scratch next time."""
         llama_cpp.llama_memory_clear(self.mem, True)
         self.cache = [[] for _ in range(self.slots)]
+        self.last = [None] * self.slots
         if self.own_ctx is None:
             self.llm.n_tokens = 0  # keep Llama's own prefix cache honest
 
@@ -252,10 +259,21 @@ class LlamaModel:
     def lag(self, seq: Sequence[int], slot: int = 0, n_logits: int = 1) -> int:
         """Tokens :meth:`eval` of ``seq`` with ``n_logits`` rows would evaluate:
         those the slot's KV cache does not hold, and at least ``n_logits`` (rows
-        come from tokens evaluated now). A cached prompt still costs its last
-        token: counted as 0, a first round on it fitted a 21 ms forward at 0
-        tokens to the policy's line of the target's cost."""
+        come from tokens evaluated now) less the first where the cache ends
+        just before it with that row kept (:attr:`last`). A cached prompt
+        otherwise still costs its last token: counted as 0, a first round on
+        it fitted a 21 ms forward at 0 tokens to the policy's line of the
+        target's cost."""
+        if self._kept(slot, seq, n_logits):
+            return n_logits - 1
         return len(seq) - common_prefix(self.cache[slot], seq, len(seq) - n_logits)
+
+    def _kept(self, slot: int, seq: Sequence[int], n_logits: int) -> bool:
+        """Whether the slot's cache holds exactly ``seq`` up to its first row's
+        token, with that row's logits kept."""
+        held = self.cache[slot]
+        return (self.last[slot] is not None and len(held) == len(seq) - n_logits + 1
+                and common_prefix(held, seq) == len(held))
 
     def _cut(self, slot: int, keep: int) -> None:
         held = self.cache[slot]
@@ -264,39 +282,59 @@ class LlamaModel:
                 raise ValueError("this model cannot drop part of its KV cache (recurrent or hybrid "
                                  "architecture); specgguf needs a transformer model")
             del held[keep:]
+            self.last[slot] = None
 
-    def eval(self, seq: Sequence[int], n_logits: int) -> np.ndarray:
+    def eval(self, seq: Sequence[int], n_logits: int, proposed: int = 0) -> np.ndarray:
         """Make the KV cache hold ``seq``; return logits ``[n_logits, n_vocab]``
         float32 for its last ``n_logits`` positions (row i predicts the token
-        after ``seq[:len(seq) - n_logits + i + 1]``)."""
-        return self.eval_many([(0, seq, n_logits)])[0]
+        after ``seq[:len(seq) - n_logits + i + 1]``). ``proposed``: how many of
+        ``seq``'s last tokens are a draft's proposals (see :meth:`eval_many`)."""
+        return self.eval_many([(0, seq, n_logits, proposed)])[0]
 
     def eval_many(self, work: Sequence[tuple]) -> List[np.ndarray]:
         """:meth:`eval` for several slots in as few ``llama_decode`` calls as
         the batch size allows (one, in a decoding round): ``work`` holds
-        ``(slot, seq, n_logits)``; returns each one's ``[n_logits, n_vocab]``
-        float32 logits. On any failure every slot's cache is emptied (its
-        state is unknown); the next call evaluates each sequence again."""
-        outs, todo = [], []
-        for slot, seq, n_logits in work:
+        ``(slot, seq, n_logits[, proposed])``; returns each one's
+        ``[n_logits, n_vocab]`` float32 logits. On any failure every slot's
+        cache is emptied (its state is unknown); the next call evaluates each
+        sequence again.
+
+        With batch invariance (:func:`batch_invariance`) the forwards are cut
+        so that each row is computed as plain decoding computes it: what a
+        sequence lacks before its proposals in chunks of ``n_batch``, as plain
+        decoding reads a prompt, and the proposals in forwards shorter than
+        the bound (see :func:`forwards`)."""
+        outs, pieces = [], []
+        for item in work:
+            slot, seq, n_logits = item[:3]
+            proposed = item[3] if len(item) > 3 else 0
             n = len(seq)
             if n > self.n_ctx:
                 raise ValueError(f"sequence of {n} tokens does not fit the context window of {self.n_ctx}")
-            self._cut(slot, n - self.lag(seq, slot, n_logits))  # keeps what it need not evaluate
             out = np.empty((n_logits, self.n_vocab), dtype=np.float32)
             out[:, self.model_vocab:] = -np.inf
+            if self._kept(slot, seq, n_logits):
+                out[0, :self.model_vocab] = self.last[slot][:self.model_vocab]
+            else:
+                self._cut(slot, n - self.lag(seq, slot, n_logits))  # keeps what it need not evaluate
             outs.append(out)
-            todo.extend((slot, pos, seq[pos], out, pos - (n - n_logits)) for pos in range(len(self.cache[slot]), n))
+            todo = [(slot, pos, seq[pos], out, pos - (n - n_logits)) for pos in range(len(self.cache[slot]), n)]
+            split = max(0, len(todo) - proposed)  # what the sequence lacks before its proposals
+            pieces += [todo[i:min(i + self.n_batch, split)] for i in range(0, split, self.n_batch)]
+            if split < len(todo):
+                pieces.append(todo[split:])
         t0 = time.perf_counter()
         try:
-            for start in range(0, len(todo), self.n_batch):
-                self._decode(todo[start:start + self.n_batch])
+            for batch in forwards(pieces, self.n_batch, self.invariant):
+                self._decode(batch)
         except BaseException:
             # Unknown KV state after a failure or Ctrl-C: start clean next time.
             self.reset()
             raise
         finally:
             self.seconds += time.perf_counter() - t0
+        for item, out in zip(work, outs):
+            self.last[item[0]] = out[-1, :self.model_vocab].copy()
         return outs
 
     def _decode(self, todo: Sequence[tuple]) -> None:
@@ -321,6 +359,34 @@ class LlamaModel:
                 ids[pos] = token
             if row >= 0:
                 ctypes.memmove(out[row].ctypes.data, llama_cpp.llama_get_logits_ith(self.ctx, j), width)
+
+
+def forwards(pieces: Sequence[list], n_batch: int, invariant: int) -> List[list]:
+    """The ``llama_decode`` batches for ``pieces``, runs of rows in the order
+    they must be evaluated (a sequence's before its later ones).
+
+    Without invariance (``invariant`` 0): every row in order, ``n_batch`` at a
+    time. With it: a piece of ``invariant`` rows or more (a prompt's chunk)
+    in a forward of its own, as plain decoding evaluates it; the others
+    packed in order into forwards of fewer than ``invariant`` rows, which
+    llama.cpp computes row by row as one-token forwards."""
+    rows = [r for p in pieces for r in p]
+    if not invariant:
+        return [rows[i:i + n_batch] for i in range(0, len(rows), n_batch)]
+    small = max(1, min(n_batch, invariant - 1))
+    out: List[list] = []
+    packing = False  # whether out[-1] takes more rows of small pieces
+    for piece in pieces:
+        if len(piece) >= invariant:
+            out.append(list(piece))
+            packing = False
+            continue
+        for row in piece:
+            if not packing or len(out[-1]) >= small:
+                out.append([])
+                packing = True
+            out[-1].append(row)
+    return out
 
 
 def plain_greedy(llm: "llama_cpp.Llama", ids: Sequence[int], n: int) -> List[int]:

@@ -233,11 +233,11 @@ class RemoteModel:
     def lag(self, seq: Sequence[int]) -> int:
         return len(seq) - common_prefix(self.tokens, seq)
 
-    def eval(self, seq: Sequence[int], n_logits: int) -> np.ndarray:
+    def eval(self, seq: Sequence[int], n_logits: int, proposed: int = 0) -> np.ndarray:
         """As :meth:`~specgguf.llama.model.LlamaModel.eval`, on the workers."""
         t0 = time.perf_counter()
         try:
-            data = self._call(("eval", (list(seq), n_logits)), timeout=self.workers.timeout)
+            data = self._call(("eval", (list(seq), n_logits, proposed)), timeout=self.workers.timeout)
         except BaseException:
             self.tokens = []
             raise
