@@ -21,7 +21,7 @@ import llama_cpp
 from .completions import CompletionMethods
 from .config import GenerationConfig
 from .engine.calibration import calibrate, measure_acceptance
-from .engine.learning import AUTO_K_MAX
+from .config import AUTO_K_MAX
 from .llama.grammar import Grammar
 from .llama.model import ModelLike
 from .llama.pair import ModelPair
@@ -165,11 +165,13 @@ class SpeculativeLlama(CompletionMethods):
         return self.runner(ids, config, sampler, should_stop)
 
     def calibrate(self, progress=None) -> dict:
-        """Measure this machine's forward costs for the pair and the draft's
-        acceptance on a fixed text, once, and store them: later runs (in any
-        process) start from them instead of the conservative prior. Takes a
-        few seconds for a small pair; ``progress(message)`` is told what runs
-        (default: a line on stderr). Returns what was stored."""
+        """Time this machine's forwards for the pair and measure the draft's
+        acceptance on a fixed text. The acceptance is stored: later runs (in
+        any process) start from it instead of the conservative prior. The
+        costs are returned, not stored (every run times its own rounds:
+        identical processes here differ by 20%). Takes a few seconds for a
+        small pair; ``progress(message)`` is told what runs (default: a line
+        on stderr). Returns ``{"costs": ..., "acceptance": ...}``."""
         if self.engine is not None:
             raise RuntimeError("calibrate() times one sequence: run it on a pair loaded with parallel=1")
         say = progress or (lambda msg: print(f"specgguf: {msg}", file=sys.stderr, flush=True))
@@ -182,7 +184,7 @@ class SpeculativeLlama(CompletionMethods):
                 say("measuring the draft's acceptance on a fixed text ...")
                 acceptance = measure_acceptance(target, draft.model)
             self.learning.calibrated(acceptance)
-        say("calibration stored")
+        say("acceptance stored" if acceptance else "forwards timed")
         return {"costs": costs.to_dict(), "acceptance": acceptance}
 
 

@@ -7,6 +7,7 @@ import os
 import sys
 from typing import List
 
+from .config import K_MAX
 from .options import Parser, _number, add_model_args, load_pair
 from .engine.calibration import ForwardCosts
 
@@ -147,7 +148,7 @@ def _ks(text: str) -> list:
             out.extend(range(lo, hi + 1))
         else:
             out.append(int(part))
-    if not out or any(k != "auto" and not 0 <= k <= 16 for k in out):
+    if not out or any(k != "auto" and not 0 <= k <= K_MAX for k in out):
         raise ValueError
     return list(dict.fromkeys(out))
 
@@ -164,7 +165,7 @@ def bench_main(argv: List[str]) -> int:
                     "(default: as a user message through the target's chat template)")
     ap.add_argument("--tokens", type=int, default=64, help="tokens per generation (64)")
     ap.add_argument("--turns", type=int, default=2, help="times each configuration runs on each prompt (2)")
-    ap.add_argument("--ks", default="0-8,auto", help="configurations: draft lengths 0-16 (0 = plain "
+    ap.add_argument("--ks", default="0-8,auto", help=f"configurations: draft lengths 0-{K_MAX} (0 = plain "
                     "decoding), ranges and 'auto' (0-8,auto)")
     ap.add_argument("--temp", type=float, default=0.0, help="temperature (0: greedy); sampling uses top-k 40, "
                     "top-p 0.95, min-p 0.05")
@@ -174,7 +175,7 @@ def bench_main(argv: List[str]) -> int:
     try:
         ks = _ks(args.ks)
     except ValueError:
-        ap.error(f"--ks {args.ks!r}: expected draft lengths 0-16, ranges like 0-8, and 'auto'")
+        ap.error(f"--ks {args.ks!r}: expected draft lengths 0-{K_MAX}, ranges like 0-8, and 'auto'")
     if args.tokens < 2 or args.turns < 1:
         ap.error("--tokens must be >= 2 and --turns >= 1")
     if args.plot:

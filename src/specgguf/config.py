@@ -18,7 +18,8 @@ from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 
 from .checks import check_int as _int, check_p_min, check_real as _float
 
-K_MAX = 32  # the largest fixed draft length accepted (k="auto" considers up to learning.AUTO_K_MAX)
+K_MAX = 32  # the largest fixed draft length accepted
+AUTO_K_MAX = 8  # the largest draft length k="auto" considers
 TOP_LOGPROBS_MAX = 20  # as OpenAI's
 
 

@@ -34,7 +34,7 @@ import numpy as np
 from llama_cpp.llama_speculative import LlamaDraftModel
 
 from .ops.drafter import Draft, common_prefix
-from .engine.learning import AUTO_K_MAX
+from .config import AUTO_K_MAX, K_MAX
 from .llama.adapter import ModelDrafter
 from .llama.model import InUse, LlamaModel, ModelLike, load_llama
 from .llama.vocab import check_vocab
@@ -85,7 +85,7 @@ class DraftModel(LlamaDraftModel):
 
     def __init__(self, model: ModelLike, *, k: Union[int, str] = "auto", n_threads: Optional[int] = None,
                  n_ctx: Optional[int] = None, ngram: bool = False) -> None:
-        if k != "auto" and (not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= 32):
+        if k != "auto" and (not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= K_MAX):
             raise ValueError(f"k must be an int in [0, 32] or 'auto', got {k!r}")
         if isinstance(model, llama_cpp.Llama):
             llm = model

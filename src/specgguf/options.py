@@ -10,6 +10,7 @@ import re
 from typing import List, Optional
 
 from .checks import check_int, check_real
+from .config import AUTO_K_MAX, K_MAX
 
 
 class Parser(argparse.ArgumentParser):
@@ -67,9 +68,9 @@ def add_generation_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--top-k", type=_number(int, 0), default=40, help="top-k, 0 = off (40)")
     ap.add_argument("--top-p", type=_number(float, 0.0, 1.0), default=0.95, help="top-p (0.95)")
     ap.add_argument("--min-p", type=_number(float, 0.0, 1.0), default=0.05, help="min-p (0.05)")
-    ap.add_argument("-k", "--draft-max", type=_auto_or(_number(int, 0, 32)), default="auto",
-                    help="draft tokens per round, 0-32 (0 = plain target decoding), or 'auto': chosen "
-                    "each round, 0-8, from live acceptance and measured costs, backing off to 0 when "
+    ap.add_argument("-k", "--draft-max", type=_auto_or(_number(int, 0, K_MAX)), default="auto",
+                    help=f"draft tokens per round, 0-{K_MAX} (0 = plain target decoding), or 'auto': chosen "
+                    f"each round, 0-{AUTO_K_MAX}, from live acceptance and measured costs, backing off to 0 when "
                     "drafting does not pay (auto; `python -m specgguf bench` measures which K pays here)")
     ap.add_argument("--p-min", type=_auto_or(_number(float, 0.0, 1.0)), default=None,
                     help="stop drafting when the draft's confidence in its next token is below this "

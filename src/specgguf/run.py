@@ -18,7 +18,8 @@ from typing import Iterator, List, Optional
 from .config import GenerationConfig
 from .engine.batch import Engine
 from .engine.decoder import SpeculativeDecoder
-from .engine.learning import AUTO_K_MAX, Learning, clock_blind
+from .config import AUTO_K_MAX
+from .engine.learning import Learning, clock_blind
 from .engine.lookup_first import LookupFirst
 from .engine.policy import SlotView
 from .llama.model import InUse, ubatches

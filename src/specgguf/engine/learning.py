@@ -24,11 +24,10 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from ..config import GenerationConfig
+from ..config import AUTO_K_MAX, GenerationConfig
 from .policy import Policy, SlotView
 from ..state import PairState
 
-AUTO_K_MAX = 8  # the largest draft length k="auto" considers
 SAMPLED_PRIOR = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)  # where calibrate() measures
 
 

@@ -38,6 +38,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable, Dict, List, Optional, Sequence
 
+from ..config import AUTO_K_MAX
+
 
 def expected_tokens(k_max: int, acc: Sequence[float]) -> List[float]:
     """E(k) for k = 0..k_max from per-position acceptances ``acc``."""
@@ -310,7 +312,7 @@ class Costs:
     DOUBT = 0.5        # a draft doubted (timed before a long plain stretch) at most this: this machine's
     STEADY = 2         # draft tokens a sequence has in a forward without catch-up
 
-    def __init__(self, k_max: int = 8, passes: Optional[Callable] = None, free_draft: bool = False) -> None:
+    def __init__(self, k_max: int = AUTO_K_MAX, passes: Optional[Callable] = None, free_draft: bool = False) -> None:
         self.count_passes, self.free = passes, free_draft
         self.target, self.draft, self.catchup, self.rest = LineFit(), LineFit(), LineFit(), LineFit()
         self.timed = ForwardTable(k_max + 1)
@@ -508,7 +510,7 @@ class Policy:
     ENTRY = 1.05          # a gain predicted above this is clear: from plain decoding, a lone sequence drafts
                           # only then (it pays a catch-up), and only then does a try count as found
 
-    def __init__(self, k_max: int = 8, passes: Optional[Callable] = None, free_draft: bool = False,
+    def __init__(self, k_max: int = AUTO_K_MAX, passes: Optional[Callable] = None, free_draft: bool = False,
                  clock: bool = True) -> None:
         if k_max < 1:
             raise ValueError(f"k_max must be >= 1, got {k_max}")

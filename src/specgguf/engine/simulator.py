@@ -42,12 +42,13 @@ from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
-from ..config import GenerationConfig
-from .learning import AUTO_K_MAX, Learning
+from ..config import AUTO_K_MAX, GenerationConfig
+from ..llama.adapter import ModelDrafter
+from .learning import Learning
 from .policy import Measured, Policy, SlotView
 from ..state import PairState, Store
 
-CHECK_ROWS = 32  # as ModelDrafter: the read-back covers at most the last 32 skipped tokens
+CHECK_ROWS = ModelDrafter.CHECK_ROWS  # the read-back covers at most the last skipped tokens
 
 
 @dataclass

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..ops.drafter import Draft, Proposal
 from .model import LlamaModel
-from ..ops.sampling import Sampler, agreement
+from ..ops.sampling import Sampler, agreement, rows_agreement
 
 
 class LlamaTarget:
@@ -199,17 +199,6 @@ def text_agreement(model: LlamaModel, ids: Sequence[int], sampler: Sampler, t_ro
     if keep.sum() < 4:
         return None
     return rows_agreement(sampler, t_rows[keep], d_rows[keep]), int(keep.sum())
-
-
-def rows_agreement(sampler: Sampler, t_rows: np.ndarray, d_rows: np.ndarray) -> float:
-    """The draft's acceptance over paired rows ``[n, V]`` of the target and the
-    draft (logits for the same positions), as the sampler's rule would
-    accept: argmax agreement (greedy), sum(min(p, q)) (exact), or the race's
-    lower bound s / (2 - s) (drafter-invariant)."""
-    if sampler.greedy:
-        return float(np.mean(np.argmax(t_rows, axis=1) == np.argmax(d_rows, axis=1)))
-    overlap = np.minimum(sampler.warp(t_rows), sampler.warp(d_rows)).sum(axis=1, dtype=np.float64)
-    return float(np.mean(overlap if sampler.rule == "exact" else overlap / (2.0 - overlap)))
 
 
 def prompt_agreement(target: LlamaModel, draft: LlamaModel, ids: Sequence[int], sampler: Sampler) -> Optional[tuple]:

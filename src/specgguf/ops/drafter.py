@@ -44,7 +44,7 @@ class Draft:
             None: not timed.
         catchup: ``(acceptances, positions)``: how the draft's rows for
             emitted tokens it had skipped agree with them under the
-            verification rule (:meth:`~specgguf.ops.sampling.Sampler.agreement`),
+            verification rule (:func:`~specgguf.ops.sampling.agreement`),
             for drafters that read them back while catching up; None otherwise.
     """
 

@@ -239,3 +239,14 @@ def agreement(sampler: Sampler, rows: np.ndarray, context: Sequence[int], first:
     kept = np.flatnonzero(p > 0)  # positions whose p(x) was recorded
     qx = q[kept, tokens[kept]].astype(np.float64)
     return float(np.minimum(1.0, qx / p[kept]).sum()), len(kept)
+
+
+def rows_agreement(sampler: Sampler, t_rows: np.ndarray, d_rows: np.ndarray) -> float:
+    """The draft's acceptance over paired rows ``[n, V]`` of the target and the
+    draft (logits for the same positions), as the sampler's rule would
+    accept: argmax agreement (greedy), sum(min(p, q)) (exact), or the race's
+    lower bound s / (2 - s) (drafter-invariant)."""
+    if sampler.greedy:
+        return float(np.mean(np.argmax(t_rows, axis=1) == np.argmax(d_rows, axis=1)))
+    overlap = np.minimum(sampler.warp(t_rows), sampler.warp(d_rows)).sum(axis=1, dtype=np.float64)
+    return float(np.mean(overlap if sampler.rule == "exact" else overlap / (2.0 - overlap)))
