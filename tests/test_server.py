@@ -244,10 +244,13 @@ def test_structured_output_through_the_openai_client(client):
     want = local.generate(msgs, chat=True, max_tokens=60, temperature=0, grammar=response_format_grammar(
         {"type": "json_schema", "json_schema": {"name": "City", "schema": schema}}))
     assert r.choices[0].message.content == want.text
+    ok = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+          "additionalProperties": False}
     j = client.chat.completions.create(model="x", messages=chat("Reply with a JSON object with a key 'ok'."),
-                                       max_tokens=30, temperature=0, response_format={"type": "json_object"})
-    if j.choices[0].finish_reason == "stop":
-        json.loads(j.choices[0].message.content)
+                                       max_tokens=40, temperature=0,
+                                       response_format={"type": "json_object", "schema": ok})
+    assert j.choices[0].finish_reason == "stop", j  # the schema closes the object within the budget
+    assert isinstance(json.loads(j.choices[0].message.content)["ok"], bool)
 
 
 def test_logprobs_n_bias_and_penalties(client):

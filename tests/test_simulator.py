@@ -87,14 +87,14 @@ FLOOR = {
     # it stayed plain: 0.946. Re-exploring every 16 rounds rather than 48 costs it 1.11 -> 1.07.
     "Zen 5, good draft, its forwards slow early": (1.06, 1.04),
     # The recorded traces carry what the first run measures on each prompt (its text rows:
-    # Q4_1 0.90-1.00, Q2_K 0.50-0.70 over 20 positions). Before stop 44 the replay took the
+    # Q4_1 0.90-1.00, Q2_K 0.50-0.70 over 20 positions). The replay used to take the
     # answer's first 32 agreements instead, which flattered the poor draft and not the good one.
     "recorded here: F32 target, Q4_1 draft (good)": (0.985, 0.97),
     "recorded here: F32 target, Q2_K draft (poor)": (0.97, 0.975),
     "recorded on Zen 5: F32 target, Q4_1 draft (good)": (0.98, 0.98),
     # A 1-token target forward here costs 0.71 of a 2-token one, and 2 -> 9 tokens are concave
-    # (29.0 -> 43.7 ms): a line through the rounds priced K=8 too dear (0.944 until stop 42,
-    # when each token count got its own timing).
+    # (29.0 -> 43.7 ms): a line through the rounds priced K=8 too dear (0.944 before
+    # each token count got its own timing).
     "recorded on Zen 4: F32 target, Q4_1 draft (good)": (0.99, 0.99),
     # The Q2_K draft agrees 0.69-0.73 with this machine's greedy text and costs 0.36 of a
     # target step: drafting K=2 is 1.03x plain at best, a break-even draft.

@@ -50,9 +50,12 @@ def schema_grammar(schema: Any) -> str:
     from llama_cpp.llama_grammar import json_schema_to_gbnf
     text = schema if isinstance(schema, str) else json.dumps(schema)
     try:
-        return json_schema_to_gbnf(text)
+        gbnf = json_schema_to_gbnf(text)
     except Exception as e:  # the converter raises bare exceptions for what it cannot express
         raise ValueError(f"json schema: cannot convert it to a grammar: {type(e).__name__}: {e}") from None
+    # llama-cpp-python's port lets a string hold raw control characters ([^"\\]), which JSON
+    # forbids: a sampled string with a newline in it did not parse. llama.cpp's own rule:
+    return gbnf.replace('char ::= [^"\\\\] |', 'char ::= [^"\\\\\\x7F\\x00-\\x1F] |')
 
 
 def response_format_grammar(fmt: Any) -> Optional[str]:
