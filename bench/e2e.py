@@ -11,7 +11,7 @@ run right before or after it ("base"); "ratio" is tokens/s over those, and
 expected speedup at the run's own acceptance per draft position and the
 forwards' seconds per round the same generations measured (the draft's and
 the target's at K, the paired runs' at plain decoding), first rounds (which
-evaluate the prompt) left out: specgguf.speed.fixed_k_ceiling, the figure
+evaluate the prompt) left out: specgguf.cli.bench.fixed_k_ceiling, the figure
 `python -m specgguf bench` prints. For k=auto, whose rounds mix sizes, it is
 the best K at the run's per-token acceptance and the costs calibrated at the start (as a round runs
 them: SpeculativeLlama.calibrate) rescaled to the paired runs' single-token
@@ -40,7 +40,7 @@ import numpy as np
 from specgguf.llama import models
 from specgguf.api import SpeculativeLlama
 from specgguf.engine.calibration import ForwardCosts
-from specgguf.speed import ceiling, fixed_k_ceiling, per_token_acceptance, steady  # the figures `specgguf bench` prints
+from specgguf.cli.bench import ceiling, fixed_k_ceiling, per_token_acceptance, steady  # the figures `specgguf bench` prints
 
 PROMPTS = [
     "Write a detailed essay about the history of the printing press.",

@@ -37,6 +37,9 @@ def ks(text):
 
 
 def main() -> None:
+    import tempfile
+    # a new user's state, and the user's own left alone (k="auto" stores what it learns)
+    os.environ["SPECGGUF_STATE"] = tempfile.mkdtemp(prefix="specgguf-bench-")
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", default="0:300", help="a slice of the corpus's 300 prompts (default %(default)s)")
     ap.add_argument("--ks", type=ks, default=ks("1,2,3,4,5,6,7,8,auto"), help="draft lengths (default 1..8,auto)")

@@ -120,6 +120,9 @@ def costs(a) -> None:
 
 
 def main() -> None:
+    import tempfile
+    # a new user's state, and the user's own left alone (k="auto" stores what it learns)
+    os.environ["SPECGGUF_STATE"] = tempfile.mkdtemp(prefix="specgguf-bench-")
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--types", default=",".join(FTYPES), help="model types (default: %(default)s)")
     ap.add_argument("--batches", default="2,5,9,33", help="tokens per batched forward (default: %(default)s)")

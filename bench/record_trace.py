@@ -1,4 +1,4 @@
-"""Record a trace of a real pair for the offline simulator (specgguf.engine.simulator).
+"""Record a trace of a real pair for the offline simulator (specgguf.testing.simulator).
 
 Two things decide how a draft-length policy fares, and both are measured
 here on this machine with the real models:

@@ -4,7 +4,7 @@ one (stored evidence that the draft accepts 0.1, as a run whose text did not
 suit the draft leaves it: a record that says drafting loses). No model runs;
 a policy is judged here before it is benchmarked.
 
-Traces: the synthetic regimes of specgguf.engine.simulator.regimes(), and the
+Traces: the synthetic regimes of specgguf.testing.simulator.regimes(), and the
 recorded traces in tests/data/ (bench/record_trace.py).
 
 With --engine, the same traces as the engine runs them (serve with
@@ -20,7 +20,7 @@ import argparse
 import statistics
 from pathlib import Path
 
-from specgguf.engine import simulator
+from specgguf.testing import simulator
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 

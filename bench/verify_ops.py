@@ -1,7 +1,7 @@
 """Speed of the verification ops against the numpy reference and the streaming floor.
 
 For each (V, K) and case, prints the median microseconds per call of
-specgguf, of the plain numpy reference (specgguf.ops.reference) and of the floor
+specgguf, of the plain numpy reference (specgguf.testing.reference) and of the floor
 (np.max streaming over the same number of bytes the op must read), with the
 ratios, all measured in this one run. Then the warp (logits to sampling
 probabilities) per row at V = 49152 (SmolLM2) and 262144 (Gemma 3) for each
@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 import specgguf
-from specgguf.ops import reference
+from specgguf.testing import reference
 from specgguf.ops import sampling
 
 

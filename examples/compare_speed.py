@@ -1,5 +1,5 @@
 """Speculative against target-only decoding on the default pair, in Python:
-the measurement `python -m specgguf bench` makes, through specgguf.speed.
+the measurement `python -m specgguf bench` makes, through specgguf.cli.bench.
 
 One generation per configuration is not a measurement on a small machine
 (identical runs differ by 10-20%): each configuration runs on each prompt
@@ -14,7 +14,8 @@ import tempfile
 
 os.environ.setdefault("SPECGGUF_STATE", tempfile.mkdtemp())  # k="auto" starts as a new user's, stores nothing
 
-from specgguf import SpeculativeLlama, speed  # noqa: E402
+from specgguf import SpeculativeLlama  # noqa: E402
+from specgguf.cli import bench  # noqa: E402  (what `python -m specgguf bench` measures)
 from specgguf.llama import models  # noqa: E402
 
 ap = argparse.ArgumentParser()
@@ -24,8 +25,8 @@ ap.add_argument("--turns", type=int, default=3)
 args = ap.parse_args()
 
 llm = SpeculativeLlama(*models.default_pair())
-prompts = [[{"role": "user", "content": p}] for p in speed.PROMPTS]
-runs = speed.measure(llm, prompts, [0, 2, 4, "auto"], args.n, args.turns, speed.Progress(), temperature=args.temp)
-report = speed.Report.of(runs)
+prompts = [[{"role": "user", "content": p}] for p in bench.PROMPTS]
+runs = bench.measure(llm, prompts, [0, 2, 4, "auto"], args.n, args.turns, bench.Progress(), temperature=args.temp)
+report = bench.Report.of(runs)
 print("\n".join(report.table()))
 print(report.recommendation())

@@ -1,5 +1,5 @@
 """Adversarial inputs to every op: each call either raises a clear ValueError
-or TypeError naming the argument, or returns exactly what specgguf.ops.reference
+or TypeError naming the argument, or returns exactly what specgguf.testing.reference
 returns (up to a decision that lies within rounding of its threshold).
 
 Inputs: NaN, +-inf, negative and all-zero rows; denormals and magnitudes of
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import specgguf
-from specgguf.ops import reference
+from specgguf.testing import reference
 from specgguf.ops import sampling
 
 TIE = 1e-9

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import specgguf
-from specgguf.ops import reference
+from specgguf.testing import reference
 from specgguf.ops.ngram import NgramDrafter
 from specgguf.ops.sampling import Sampler
 from tests.conftest import ALPHA, chi2_pvalue, examples

@@ -465,7 +465,7 @@ def test_a_process_measures_its_draft_once_and_clock_blind_runs_store_nothing(ta
 def test_generate_keeps_the_loaded_pair_between_calls():
     """generate() loads a pair once per process: a second call with the same
     models reuses it (no reload, no second scan of the vocabulary)."""
-    from specgguf import api
+    from specgguf.api import speculative as api
     kw = dict(target="smollm2-135m-f32", draft="smollm2-135m-q4_1", n_ctx=256, n_threads=2, max_tokens=4)
     a = specgguf.generate("The sea", **kw)
     first = next(iter(api._cached.values()))

@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 
 from specgguf import _core
 
-from specgguf.ops import reference
+from specgguf.testing import reference
 
 from specgguf.ops import sampling
 

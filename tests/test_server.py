@@ -444,7 +444,7 @@ def test_slots_run_at_once_and_the_queue_counts_beyond_them(session_state):
 
 
 def test_binds_to_loopback_by_default():
-    from specgguf.options import Parser  # noqa: F401 - the server's parser is built from it
+    from specgguf.cli.options import Parser  # noqa: F401 - the server's parser is built from it
     r = subprocess.run([sys.executable, "-m", "specgguf", "serve", "--help"], capture_output=True, text=True)
     assert "--host" in r.stdout and "127.0.0.1" in r.stdout
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specgguf.engine import simulator
-from specgguf.engine.simulator import Call, Costs, Trace
+from specgguf.testing import simulator
+from specgguf.testing.simulator import Call, Costs, Trace
 
 QUIET = Costs(target=[0.03 + 0.002 * b for b in range(9)], draft=[0.01 + 0.004 * n for n in range(9)],
               catchup_per_token=0.004, other=0.0, noise=0.0)

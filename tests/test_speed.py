@@ -1,10 +1,10 @@
-"""The bench command's arithmetic (specgguf.speed), on stats with known answers."""
+"""The bench command's arithmetic (specgguf.cli.bench), on stats with known answers."""
 
 import pytest
 
 from specgguf.engine.decoder import DecoderStats
 from specgguf.engine.policy import expected_tokens
-from specgguf.speed import Report, Runs, fixed_k_ceiling, position_rates
+from specgguf.cli.bench import Report, Runs, fixed_k_ceiling, position_rates
 
 
 def stats_of(rounds, seconds_per_round, draft_per_round=0.0):

@@ -7,7 +7,7 @@ from hypothesis.extra import numpy as hnp
 
 import specgguf
 from tests.conftest import examples
-from specgguf.ops import reference
+from specgguf.testing import reference
 
 TIE = 1e-9  # decisions closer than this (relative) to a threshold may round either way
 

@@ -1,7 +1,7 @@
 import sys
 
 try:
-    from .cli import main
+    from .cli.main import main
 except KeyboardInterrupt:  # Ctrl-C while Python imports
     print("\nspecgguf: interrupted", file=sys.stderr)
     sys.exit(130)

@@ -1,1 +1,1 @@
-"""Decoding rounds: one sequence (`decoder`) or several (`batch`), the draft policies that choose K, what they learn and store, the simulator that judges them, and the explicit calibration."""
+"""Decoding rounds: one sequence (`decoder`) or several (`batch`), the draft policy that chooses K, what it learns and stores, and the explicit calibration (the simulator that judges the policy is in `specgguf.testing`)."""

@@ -15,7 +15,7 @@ So each drafter has its own K: a fixed one, or its own
 nothing). A plain round is reported to both, as both weigh plain decoding;
 only the model's evidence is stored (the lookup's acceptance is about this
 text, not the pair). Used by the decoder and by
-:class:`~specgguf.draft_model.DraftModel`.
+:class:`~specgguf.api.draft_model.DraftModel`.
 """
 
 from __future__ import annotations

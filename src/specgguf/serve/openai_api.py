@@ -18,7 +18,7 @@ from typing import Any, List, Optional, Union
 
 from ..config import GenerationConfig
 from ..llama.text import check_messages
-from ..request_fields import NEUTRAL_HTTP, FieldError, Unsupported, check_neutral, grammar_of, logprobs_of
+from ..api.request_fields import NEUTRAL_HTTP, FieldError, Unsupported, check_neutral, grammar_of, logprobs_of
 
 
 class BadRequest(ValueError):

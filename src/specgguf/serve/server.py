@@ -5,7 +5,7 @@ Routes: ``GET /`` (a chat page: :file:`chat.html`), ``GET /health``, ``GET /v1/m
 ``POST /v1/completions``, ``POST /v1/chat/completions`` (streaming as
 Server-Sent Events ending with ``data: [DONE]``), each also without ``/v1``
 as llama-server serves them; CORS only for ``--cors-origins``. The command
-line (options, sockets) is :mod:`specgguf.serve.command`. Built on Starlette and uvicorn, the ASGI stack under
+line (options, sockets) is :mod:`specgguf.cli.serve`. Built on Starlette and uvicorn, the ASGI stack under
 llama-cpp-python's own server (FastAPI is Starlette plus pydantic models;
 specgguf validates through its GenerationConfig instead, so each error names
 the request field, and a board installs two small pure-Python packages).
@@ -39,8 +39,8 @@ from typing import AsyncIterator, Iterator, Optional, Sequence
 
 import anyio
 
-from ..api import merge
-from ..completions import Shapes
+from ..api.speculative import merge
+from ..api.completions import Shapes
 from .openai_api import BadRequest, Call, error_body, parse
 
 

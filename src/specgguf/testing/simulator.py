@@ -44,8 +44,8 @@ import numpy as np
 
 from ..config import AUTO_K_MAX, GenerationConfig
 from ..llama.adapter import ModelDrafter
-from .learning import Learning
-from .policy import Measured, Policy, SlotView
+from ..engine.learning import Learning
+from ..engine.policy import Measured, Policy, SlotView
 from ..state import PairState, Store
 
 CHECK_ROWS = ModelDrafter.CHECK_ROWS  # the read-back covers at most the last skipped tokens

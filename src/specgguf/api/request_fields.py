@@ -1,5 +1,5 @@
 """The OpenAI-shaped arguments both surfaces take: one definition for
-llama-cpp-python's ``create_*completion`` keywords (:mod:`specgguf.completions`)
+llama-cpp-python's ``create_*completion`` keywords (:mod:`specgguf.api.completions`)
 and the server's request bodies (:mod:`specgguf.serve.openai_api`).
 
 Which arguments are accepted only at the value that means "not used" (tools,
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
-from .config import TOP_LOGPROBS_MAX, response_format_grammar, schema_grammar
+from ..config import TOP_LOGPROBS_MAX, response_format_grammar, schema_grammar
 
 
 class FieldError(ValueError):

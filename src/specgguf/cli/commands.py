@@ -7,13 +7,13 @@ import os
 import sys
 from typing import List
 
-from .config import K_MAX
+from ..config import K_MAX
 from .options import Parser, _number, add_model_args, load_pair
-from .engine.calibration import ForwardCosts
+from ..engine.calibration import ForwardCosts
 
 
 def models_main(argv: List[str]) -> int:
-    from .llama import models
+    from ..llama import models
     entries, pairs = models.load_lock()
     names = ", ".join(list(entries) + [p for p in pairs if p not in entries])
     ap = Parser(prog="python -m specgguf models", description=models.__doc__.replace("``", "'"),
@@ -58,7 +58,7 @@ def calibrate_main(argv: List[str]) -> int:
     if out["acceptance"]:
         a = out["acceptance"]
         print(f"acceptance on the fixed text: greedy {a['greedy']:.2f}, sampled at 0.8 {a['sampled']:.2f}")
-        from .speed import rate
+        from .bench import rate
         best = max(range(9), key=lambda k: rate(k, a["greedy"], costs))
         print(f"the formula at these costs, greedy: K={best}, {rate(best, a['greedy'], costs) / rate(0, 0, costs):.2f}x "
               "plain decoding (forwards only: a live round also warps, verifies and runs Python)")
@@ -87,17 +87,21 @@ def check_pair_main(argv: List[str]) -> int:
     llm = load_pair(args)  # refuses a pair that cannot work, naming the model
     print(f"target: {llm.names[0]} ({llm.pair.target_llm.n_vocab()} tokens)")
     print(f"draft:  {llm.names[1]} ({llm.pair.draft_llm.n_vocab()} tokens)")
-    print(f"mode:   {llm.pair.mode.mode}: {llm.pair.mode.detail}")
+    print(f"mode:   {llm.pair.mode.mode}: {llm.pair.mode.detail}", flush=True)
+    say = lambda msg: print(f"specgguf: {msg} ...", file=sys.stderr, flush=True)  # noqa: E731
+    say(f"the target alone, {args.tokens} tokens")
     plain = llm.generate(CHECK_TEXT, max_tokens=args.tokens, temperature=0, k=0).tokens
     for name, settings in (("greedy", dict(temperature=0)), ("sampled at 0.8", dict(temperature=0.8, seed=0,
                                                                                      drafter_invariant=False))):
+        say(f"acceptance, {name}, at K=4")
         r = llm.generate(CHECK_TEXT, max_tokens=args.tokens, k=4, **settings)
         st = r.stats
         line = (f"acceptance, {name}: {st['acceptance_rate']:.2f} ({st['accepted']} of {st['drafted']} "
                 f"drafted tokens, {st['mean_accepted']:.2f} a round)")
         if name == "greedy":
             line += "; output identical to the target alone: " + ("yes" if r.tokens == plain else "NO")
-        print(line)
+        print(line, flush=True)
+    say("the target's batches against one token at a time")
     print(exactness_line(llm.pair.target.model, llm.tokenize(CHECK_TEXT) + plain))
     return 0
 
@@ -105,7 +109,7 @@ def check_pair_main(argv: List[str]) -> int:
 def exactness_line(model, ids: List[int]) -> str:
     """check-pair's verdict on the target's arithmetic here: a verification
     batch's rows against the same tokens one per forward, bit for bit."""
-    from .llama.invariance import patched, probe
+    from ..llama.invariance import patched, probe
     got = [probe(model, ids, batch=b) for b in (2, 9)]
     rows, same = sum(g["rows"] for g in got), sum(g["identical"] for g in got)
     if same == rows:
@@ -155,7 +159,7 @@ def _ks(text: str) -> list:
 
 def bench_main(argv: List[str]) -> int:
     import tempfile
-    from . import speed
+    from . import bench
     ap = Parser(prog="python -m specgguf bench", description=BENCH_DESCRIPTION,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(ap)
@@ -179,8 +183,8 @@ def bench_main(argv: List[str]) -> int:
     if args.tokens < 2 or args.turns < 1:
         ap.error("--tokens must be >= 2 and --turns >= 1")
     if args.plot:
-        speed.pyplot()  # before minutes of runs, not after
-    prompts = speed.PROMPTS
+        bench.pyplot()  # before minutes of runs, not after
+    prompts = bench.PROMPTS
     if args.prompts:
         with open(args.prompts, encoding="utf-8") as f:
             prompts = [line.strip() for line in f if line.strip()]
@@ -193,7 +197,7 @@ def bench_main(argv: List[str]) -> int:
           f"tokens x {args.turns} turn{'s' if args.turns > 1 else ''}; K in {', '.join(map(str, ks))}; "
           f"temperature {args.temp:g}",
           file=sys.stderr, flush=True)
-    report = speed.Report.of(speed.measure(llm, items, ks, args.tokens, args.turns, speed.Progress(),
+    report = bench.Report.of(bench.measure(llm, items, ks, args.tokens, args.turns, bench.Progress(),
                                               temperature=args.temp))
     print("\n".join(report.table()))
     if report.forwards:
@@ -208,12 +212,12 @@ def bench_main(argv: List[str]) -> int:
 
 
 def serve_main(argv: List[str]) -> int:
-    from .serve.command import main
+    from .serve import main
     return main(argv)
 
 
 def rpc_server_main(argv: List[str]) -> int:
-    from .llama.rpc import DEFAULT_PORT, WARNING, is_loopback, server_binary
+    from ..llama.rpc import DEFAULT_PORT, WARNING, is_loopback, server_binary
     ap = Parser(prog="python -m specgguf rpc-server",
                 description="Run a llama.cpp rpc-server worker: another machine's specgguf puts the target's "
                 "layers on it with --rpc HOST:PORT. " + WARNING.format(where="the address you give")[18:])
@@ -240,6 +244,6 @@ def rpc_server_main(argv: List[str]) -> int:
           flush=True)
     # The worker computes the target's layers: batch-invariant as this machine's specgguf is
     # (see specgguf.llama.invariance; the variable is read by the patched llama.cpp).
-    from .llama.invariance import INVARIANT_TOKENS
+    from ..llama.invariance import INVARIANT_TOKENS
     os.environ.setdefault("GGML_CPU_BATCH_INVARIANT", os.environ.get("SPECGGUF_BATCH_INVARIANT", str(INVARIANT_TOKENS)))
     os.execv(binary, cmd)  # the worker takes this process over (same pid; signals reach it)

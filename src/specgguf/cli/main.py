@@ -42,7 +42,7 @@ other commands (each has --help):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from .. import __version__
     ap = Parser(prog="python -m specgguf", description=DESCRIPTION, epilog=EPILOG,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--version", action="version", version=f"specgguf {__version__}")

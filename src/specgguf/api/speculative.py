@@ -3,7 +3,7 @@
 Data flows one way: a call becomes a :class:`~specgguf.config.GenerationConfig`
 and prompt ids (checked at the call), and a
 :class:`~specgguf.ops.sampling.Sampler` for the config; a
-:class:`~specgguf.run.Runner` then runs it (alone through the decoder, or
+:class:`~specgguf.api.run.Runner` then runs it (alone through the decoder, or
 in the engine's shared rounds) and turns its tokens into text.
 """
 
@@ -19,14 +19,14 @@ from typing import Dict, Iterator, List, Optional, Sequence, Union
 import llama_cpp
 
 from .completions import CompletionMethods
-from .config import GenerationConfig
-from .engine.calibration import calibrate, measure_acceptance
-from .config import AUTO_K_MAX
-from .llama.grammar import Grammar
-from .llama.model import ModelLike
-from .llama.pair import ModelPair
-from .llama.text import Prompt
-from .ops.sampling import Sampler
+from ..config import GenerationConfig
+from ..engine.calibration import calibrate, measure_acceptance
+from ..config import AUTO_K_MAX
+from ..llama.grammar import Grammar
+from ..llama.model import ModelLike
+from ..llama.pair import ModelPair
+from ..llama.text import Prompt
+from ..ops.sampling import Sampler
 from .output import GenerationResult
 from .run import Runner
 

@@ -15,17 +15,17 @@ from __future__ import annotations
 import time
 from typing import Iterator, List, Optional
 
-from .config import GenerationConfig
-from .engine.batch import Engine
-from .engine.decoder import SpeculativeDecoder
-from .config import AUTO_K_MAX
-from .engine.learning import Learning, clock_blind
-from .engine.lookup_first import LookupFirst
-from .engine.policy import SlotView
-from .llama.model import InUse, ubatches
-from .llama.pair import ModelPair
-from .llama.text import TextStream
-from .ops.sampling import Sampler
+from ..config import GenerationConfig
+from ..engine.batch import Engine
+from ..engine.decoder import SpeculativeDecoder
+from ..config import AUTO_K_MAX
+from ..engine.learning import Learning, clock_blind
+from ..engine.lookup_first import LookupFirst
+from ..engine.policy import SlotView
+from ..llama.model import InUse, ubatches
+from ..llama.pair import ModelPair
+from ..llama.text import TextStream
+from ..ops.sampling import Sampler
 from .output import GenerationResult, Pieces, result
 
 
@@ -44,7 +44,7 @@ class Runner:
             self.engine = Engine(pair.target.model, draft, None if draft else pair.drafter, self.learning.online)
 
     def __call__(self, ids: List[int], config: GenerationConfig, sampler: Sampler, should_stop) -> Iterator:
-        """Text pieces (:class:`~specgguf.output.Piece`), then the
+        """Text pieces (:class:`~specgguf.api.output.Piece`), then the
         :class:`GenerationResult`; ``should_stop()`` is asked once per token."""
         if self.engine is not None:
             return self._in_engine(ids, config, sampler, should_stop)
@@ -104,7 +104,7 @@ class Runner:
 
     def _decode(self, tokens: Iterator[int], out: TextStream, should_stop, produced: List[int],
                 sampler: Sampler, stats):
-        """:class:`~specgguf.output.Piece` s of text from ``tokens`` until ``out`` or
+        """:class:`~specgguf.api.output.Piece` s of text from ``tokens`` until ``out`` or
         ``should_stop`` ends them (``stats``: the run's, with each token's
         provenance); the models are reset after an error. After a clean run
         their caches keep the text for the next call, the caller's ``Llama``

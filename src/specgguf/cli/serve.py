@@ -11,7 +11,7 @@ import os
 import sys
 from typing import List, Sequence
 
-from .server import Server, create_app
+from ..serve.server import Server, create_app
 
 
 AUTO_SLOTS = 4  # as llama-server's default; fewer when the memory is short
@@ -30,7 +30,7 @@ def auto_slots(args) -> int:
     if avail is None:
         return AUTO_SLOTS
     from ..llama import models
-    from ..options import pair_names
+    from .options import pair_names
     weights = sum(models.resolve_model(m).stat().st_size for m in pair_names(args) if m != "ngram")
     # KV per token is under 1/2000 of the weights for the models specgguf pairs (e.g. 8B: 128 KiB of 4.9 GB).
     per_slot = weights * args.ctx / 2000
@@ -75,8 +75,8 @@ def _url(host: str, port: int) -> str:
 
 def build_parser():
     """The serve command's options: the model and generation options, then the server's own."""
-    from ..options import Parser, add_generation_args, add_model_args
-    from . import server as module
+    from .options import Parser, add_generation_args, add_model_args
+    from ..serve import server as module
     ap = Parser(prog="python -m specgguf serve", description=module.__doc__.split("\n\n")[0] + "\n\n" +
                 "Point any OpenAI client at http://HOST:PORT/v1 (see README: OpenAI-compatible server).")
     add_model_args(ap)
@@ -118,7 +118,7 @@ def _checked(ap, args) -> tuple:
 
 
 def main(argv) -> int:
-    from ..options import config_from_args, load_pair
+    from .options import config_from_args, load_pair
     from ..llama.rpc import is_loopback
     ap = build_parser()
     args = ap.parse_args(argv)

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from .engine.decoder import sources
-from .llama.invariance import batch_invariance
-from .llama.text import TextStream
+from ..engine.decoder import sources
+from ..llama.invariance import batch_invariance
+from ..llama.text import TextStream
 
 
 @dataclass

@@ -26,8 +26,8 @@ import time
 import uuid
 from typing import Any, Callable, Dict, Iterator, List, Optional, Union
 
-from .config import GenerationConfig
-from .llama.text import check_messages
+from ..config import GenerationConfig
+from ..llama.text import check_messages
 from .request_fields import NEUTRAL_LLAMA, check_neutral, grammar_of, logprobs_of
 
 
@@ -59,7 +59,7 @@ def rule_settings(kwargs: Dict[str, Any], chat: bool) -> Dict[str, Any]:
     """The :class:`GenerationConfig` settings of llama-cpp-python's arguments
     that change the distribution: penalties, ``logit_bias``, ``grammar`` (a
     ``LlamaGrammar`` or GBNF text), ``response_format`` (JSON), and
-    ``logprobs`` (:func:`~specgguf.request_fields.logprobs_of`)."""
+    ``logprobs`` (:func:`~specgguf.api.request_fields.logprobs_of`)."""
     out = {k: kwargs[k] for k in ("frequency_penalty", "presence_penalty", "repeat_penalty", "logit_bias")
            if kwargs.get(k) is not None}
     grammar, logprobs = grammar_of(kwargs), logprobs_of(kwargs, chat)

@@ -9,8 +9,8 @@ import os
 import re
 from typing import List, Optional
 
-from .checks import check_int, check_real
-from .config import AUTO_K_MAX, K_MAX
+from ..checks import check_int, check_real
+from ..config import AUTO_K_MAX, K_MAX
 
 
 class Parser(argparse.ArgumentParser):
@@ -109,7 +109,7 @@ def _logit_bias(items: List[str]) -> dict:
 
 
 def _grammar(args: argparse.Namespace) -> Optional[str]:
-    from .config import schema_grammar
+    from ..config import schema_grammar
     if getattr(args, "grammar_file", None):
         with open(args.grammar_file, encoding="utf-8") as f:
             return f.read()
@@ -129,7 +129,7 @@ def _grammar(args: argparse.Namespace) -> Optional[str]:
 def config_from_args(args: argparse.Namespace):
     """The GenerationConfig of the generation options (ValueError/OSError for
     a bad --logit-bias, --grammar-file or --json-schema)."""
-    from .config import GenerationConfig
+    from ..config import GenerationConfig
     return GenerationConfig(max_tokens=args.max_tokens, temperature=args.temp, top_k=args.top_k,
                             top_p=args.top_p, min_p=args.min_p, k=args.draft_max, p_min=args.p_min,
                             seed=args.seed, drafter_invariant=args.drafter_invariant,
@@ -143,7 +143,7 @@ def pair_names(args: argparse.Namespace) -> tuple:
     """``(target, draft)`` the model options name, the default pair filling in what they leave out."""
     target, draft = args.target, args.draft
     if target is None or draft is None:
-        from .llama import models
+        from ..llama import models
         dt, dd = models.default_pair()
         target, draft = target or dt, draft or dd
     return target, draft
@@ -151,7 +151,7 @@ def pair_names(args: argparse.Namespace) -> tuple:
 
 def load_pair(args: argparse.Namespace, **kw):
     """The SpeculativeLlama the model options ask for (default pair filled in)."""
-    from .api import SpeculativeLlama
+    from ..api.speculative import SpeculativeLlama
     target, draft = pair_names(args)
     split = [float(x) for x in args.tensor_split.split(",")] if args.tensor_split else None
     return SpeculativeLlama(target, draft, ngram=args.ngram, n_ctx=args.ctx, n_threads=args.threads,

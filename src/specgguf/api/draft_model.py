@@ -33,15 +33,15 @@ import llama_cpp
 import numpy as np
 from llama_cpp.llama_speculative import LlamaDraftModel
 
-from .ops.drafter import Draft, common_prefix
-from .config import AUTO_K_MAX, K_MAX
-from .llama.adapter import ModelDrafter
-from .llama.model import InUse, LlamaModel, ModelLike, load_llama
-from .llama.vocab import check_vocab
-from .llama.models import resolve_model
-from .ops.ngram import NgramDrafter
-from .engine.lookup_first import LookupFirst, Turn, measured, next_turn, report
-from .engine.policy import Policy, SlotView
+from ..ops.drafter import Draft, common_prefix
+from ..config import AUTO_K_MAX, K_MAX
+from ..llama.adapter import ModelDrafter
+from ..llama.model import InUse, LlamaModel, ModelLike, load_llama
+from ..llama.vocab import check_vocab
+from ..llama.models import resolve_model
+from ..ops.ngram import NgramDrafter
+from ..engine.lookup_first import LookupFirst, Turn, measured, next_turn, report
+from ..engine.policy import Policy, SlotView
 
 
 REGIME = "greedy"  # what DraftModel proposes: Llama's own sampler decides what it keeps
