@@ -19,6 +19,7 @@ Checks, on the real pair (exits non-zero on the first that fails):
 
 import sys
 import time
+from pathlib import Path
 
 from specgguf import SpeculativeLlama
 from specgguf.llama.model import plain_greedy
@@ -68,7 +69,7 @@ def invariant(*paths):
     check("llama.cpp's batch invariance is on", batch_invariance() == INVARIANT_TOKENS, f"{batch_invariance()}")
     for path in paths:
         t0 = time.perf_counter()
-        llm = load_llama(path, n_ctx=256, n_threads=2)
+        llm = load_llama(Path(path), n_ctx=256, n_threads=2)
         ids = llm.tokenize(b"The capital of France is Paris, and the capital of Italy is Rome.", add_bos=True)[:14]
         got = probe(LlamaModel(llm), ids, batch=5)
         check(f"{path.rsplit('/', 1)[-1]} scores a batch of 5 as one token at a time, bit for bit",

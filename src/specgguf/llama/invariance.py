@@ -10,8 +10,10 @@ split over the KV cache from 512 cells), so logits moved by rounding and
 near-ties flipped: greedy text differed from plain decoding on about one
 code prompt in six. scripts/setup.sh builds llama.cpp with
 ``scripts/patches/llama-batch-invariant.patch``, which adds
-``ggml_cpu_set_batch_invariant(n)``: a forward of fewer than n tokens takes
-the one-token kernels for every row. specgguf turns it on when it is
+``ggml_cpu_set_batch_invariant(n)``: a forward of fewer than n tokens sums
+every row in the order a one-token forward does (tinyBLAS for one token too
+where it serves the type; the one-token kernel elsewhere; see the patch's
+README). specgguf turns it on when it is
 imported (:func:`batch_invariance`) and keeps every verification row in such
 forwards (:func:`specgguf.llama.model.forwards`); prompts, read in chunks of
 the batch size as plain decoding reads them, keep the fast kernels.
@@ -42,8 +44,8 @@ def batch_invariance() -> int:
     gemm, the split of one query over the KV cache) sum in other orders, so
     logits moved by rounding and near-ties flipped. scripts/setup.sh builds
     llama.cpp with ``scripts/patches/llama-batch-invariant.patch``: a forward
-    of fewer than ``INVARIANT_TOKENS`` tokens then takes the one-token
-    kernels for every row, and :meth:`LlamaModel.eval_many` keeps every
+    of fewer than ``INVARIANT_TOKENS`` tokens then sums every row as a
+    one-token forward does, and :meth:`LlamaModel.eval_many` keeps every
     verification row in such forwards, so verification reproduces plain
     decoding bit for bit. Longer forwards (prompts) keep the fast kernels,
     and are evaluated in the same chunks as plain decoding evaluates them.
