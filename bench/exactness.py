@@ -41,7 +41,7 @@ def main() -> None:
     # a new user's state, and the user's own left alone (k="auto" stores what it learns)
     os.environ["SPECGGUF_STATE"] = tempfile.mkdtemp(prefix="specgguf-bench-")
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--prompts", default="0:300", help="a slice of the corpus's 300 prompts (default %(default)s)")
+    ap.add_argument("--prompts", default="0:300", help="a slice A:B[:STEP] of the corpus's 300 prompts (default %(default)s)")
     ap.add_argument("--ks", type=ks, default=ks("1,2,3,4,5,6,7,8,auto"), help="draft lengths (default 1..8,auto)")
     ap.add_argument("--tokens", type=int, default=48, help="tokens per text (default %(default)s)")
     ap.add_argument("--seeded", action="store_true", help="T=0.8 with a seed per prompt instead of greedy")
@@ -51,14 +51,16 @@ def main() -> None:
     from specgguf import SpeculativeLlama
     from specgguf.llama import models
     from specgguf.llama.invariance import batch_invariance
-    lo, hi = (int(x) for x in a.prompts.split(":"))
-    items = corpus()[lo:hi]
+    lo, hi, step = ([int(x) for x in a.prompts.split(":")] + [1])[:3]
+    chosen = list(range(300))[lo:hi:step]
+    every = corpus()
+    items = [every[i] for i in chosen]
     target = models.fetch("smollm2-135m-f32")
     spec = SpeculativeLlama(target, models.fetch("smollm2-135m-q4_1"), n_ctx=a.ctx, n_threads=2, parallel=a.parallel)
     poor = None if a.parallel > 1 else SpeculativeLlama(target, models.fetch("smollm2-135m-q2_k"), n_ctx=a.ctx,
                                                         n_threads=2)
     mode = "seeded T=0.8" if a.seeded else "greedy"
-    print(f"# exactness: {len(items)} prompts [{lo}:{hi}], {a.tokens} tokens, {mode}, parallel {a.parallel}, "
+    print(f"# exactness: {len(items)} prompts [{a.prompts}], {a.tokens} tokens, {mode}, parallel {a.parallel}, "
           f"batch invariance under {batch_invariance()} tokens", flush=True)
     compared, differ, first = Counter(), Counter(), {}
     t0 = time.time()
@@ -70,30 +72,41 @@ def main() -> None:
         compared[kind, name] += 1
         if not same:
             differ[kind, name] += 1
-            first.setdefault((kind, name), lo + i)
+            first.setdefault((kind, name), chosen[i])
 
     if a.parallel > 1:
         for start in range(0, len(items), a.parallel):
             group = items[start:start + a.parallel]
-            alone = [spec.generate(p, k=0, **settings(start + j)).tokens for j, (_, p) in enumerate(group)]
+
+            def alone_text(p, s):  # each from empty caches, as below (see the one-prompt branch)
+                spec.reset()
+                return spec.generate(p, k=0, **s).tokens
+
+            def together(k, s):
+                spec.reset()
+                return spec.generate_many([p for _, p in group], k=k, **s)
+            alone = [alone_text(p, settings(start + j)) for j, (_, p) in enumerate(group)]
             for k in a.ks:
                 if a.seeded:  # generate_many shares one seed: one per group
                     s = settings(start)
-                    alone_s = [spec.generate(p, k=0, **s).tokens for _, p in group]
-                    got = spec.generate_many([p for _, p in group], k=k, **s)
+                    alone_s = [alone_text(p, s) for _, p in group]
+                    got = together(k, s)
                     for j, ((kind, _), r) in enumerate(zip(group, got)):
                         note(kind, f"k={k}", r.tokens == alone_s[j], start + j)
                 else:
-                    got = spec.generate_many([p for _, p in group], k=k, **settings(start))
+                    got = together(k, settings(start))
                     for j, ((kind, _), r) in enumerate(zip(group, got)):
                         note(kind, f"k={k}", r.tokens == alone[j], start + j)
             print(f"  {start + len(group)}/{len(items)} prompts, {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
     else:
+        def run(llm, prompt, k, i):  # from empty caches, as plain decoding's text was made: a cached
+            llm.reset()              # prompt's last token is read again alone, which plain decoding
+            return llm.generate(prompt, k=k, **settings(i)).tokens  # would do too (another state)
         for i, (kind, prompt) in enumerate(items):
-            plain = spec.generate(prompt, k=0, **settings(i)).tokens
+            plain = run(spec, prompt, 0, i)
             for k in a.ks:
-                note(kind, f"k={k}", spec.generate(prompt, k=k, **settings(i)).tokens == plain, i)
-            note(kind, "poor k=4", poor.generate(prompt, k=4, **settings(i)).tokens == plain, i)
+                note(kind, f"k={k}", run(spec, prompt, k, i) == plain, i)
+            note(kind, "poor k=4", run(poor, prompt, 4, i) == plain, i)
             if (i + 1) % 10 == 0:
                 print(f"  {i + 1}/{len(items)} prompts, {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
     names = list(dict.fromkeys(n for _, n in compared))
