@@ -57,6 +57,21 @@ def test_batch_invariance_is_on_in_this_build():
         "llama.cpp is not built with scripts/patches/llama-batch-invariant.patch: run scripts/setup.sh")
 
 
+@pytest.mark.parametrize("value, bound, warned", [("0", 0, False), ("32", 32, False), ("lots", INVARIANT_TOKENS, True)])
+def test_the_switch_follows_the_environment(value, bound, warned):
+    """SPECGGUF_BATCH_INVARIANT sets the bound for the process (0: off); a
+    value that is not a number is named in a warning and the default kept."""
+    import os
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", "from specgguf.llama.invariance import batch_invariance as b; "
+                        "print(b())"], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, SPECGGUF_BATCH_INVARIANT=value))
+    assert r.returncode == 0, r.stderr
+    assert int(r.stdout.split()[-1]) == bound
+    assert ("SPECGGUF_BATCH_INVARIANT must be a number" in r.stderr) == warned, r.stderr
+
+
 @pytest.mark.parametrize("name", ["smollm2-135m-f32", "smollm2-135m-q4_1", "smollm2-135m-q2_k"])
 def test_a_batch_scores_each_token_as_one_token_forwards_do(name):
     """The default target (F32: llamafile's tinyBLAS), the draft and the
