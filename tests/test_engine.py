@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-from specgguf.engine.policy import Policy, Regime, SlotView  # noqa: E402
+from specgguf.engine.policy import Policy, SlotView, Tuning  # noqa: E402
 from specgguf.llama.model import ubatches  # noqa: E402
 from tests.conftest import PROMPTS  # noqa: E402
 
@@ -210,8 +210,7 @@ def test_with_a_stream_per_slot_the_policy_prices_every_pass():
     assert ks[0] == ks[1] > 0, ks
     assert board(False).choose(views)[0] > ks[0]  # one cache: the longer K where it pays
     costs = board(True).costs
-    lines = costs.lines()
-    assert costs.seconds(views, [4, 2], lines) - costs.seconds(views, [2, 2], lines) > 0.09  # another pass
+    assert costs.seconds(views, [4, 2]) - costs.seconds(views, [2, 2]) > 0.09  # another pass
 
 
 def test_a_request_whose_draft_lags_its_prompt_drafts_when_the_catch_up_repays():
@@ -223,19 +222,16 @@ def test_a_request_whose_draft_lags_its_prompt_drafts_when_the_catch_up_repays()
     to repay itself E(K) times over, and such a request ran 128 plain rounds
     (its lag, and so its catch-up, growing with each); re-exploring at
     K=3 only could not pay here either."""
-    def fit(line, a, b):
-        for n in (1, 9) * 5:
-            line.observe(n, a + b * n)
     p = Policy(8)
-    fit(p.costs.target, 0.0354, 0.0087)
-    fit(p.costs.draft, 0.0049, 0.0151)
-    fit(p.costs.catchup, 0.138, 0.0083)
-    fit(p.costs.rest, 0.0, 0.0002)
+    for n in range(1, 10):
+        p.costs.target.observe(n, 0.0354 + 0.0087 * n + 0.0002 * n)
+    for n in (1, 2, 3, 20):
+        p.costs.draft.observe(n, 0.0049 + 0.0151 * n if n < 20 else 0.138 + 0.0083 * n)
     p.regime("greedy").measured(0.95, 20)
     assert p.choose([SlotView("greedy", 8, False, 1, 20, 127)])[0] >= 3
-    p.regimes["greedy"].idle = Regime.EXPLORE_EVERY  # a lone slot long without drafting re-explores every K
+    assert p.choose([SlotView("greedy", 1, False, 1, 20, 2)]) == [0]  # two tokens left (K <= 1): not worth it
+    p.regimes["greedy"].idle = Tuning.retry  # a lone slot long without drafting retries
     assert p.choose([SlotView("greedy", 8, False, 1, 20, 127)])[0] >= 3
-    assert p.choose([SlotView("greedy", 8, False, 1, 20, 2)]) == [0]  # two tokens left: not worth it
 
 
 def test_a_new_request_fills_a_gap_and_a_next_turn_goes_back_to_its_slot(pairs):

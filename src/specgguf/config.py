@@ -165,7 +165,7 @@ class GenerationConfig:
             set_("k", _int("k", self.k, 0, K_MAX))
         set_("p_min", check_p_min(self.p_min))
         if self.p_min == "auto" and self.k != "auto":
-            raise ValueError("p_min='auto' is learned by the automatic draft length: use it with k='auto'")
+            raise ValueError("p_min='auto' is set by the automatic draft length's costs: use it with k='auto'")
         if self.seed is not None:
             set_("seed", _int("seed", self.seed, 0, 2**64 - 1))
         set_("stop", _stops(self.stop))

@@ -302,7 +302,7 @@ class Engine:
                     self.slots.free(t, e)
                     continue
                 t.stats.record(len(d.tokens), n, d.stop if d.tokens else None, seconds=(t1 - t0, t2 - t1))
-                self.policy.observe(t.regime, len(d.tokens), n, t.after_miss, d.confidence)
+                self.policy.observe(t.regime, len(d.tokens), n, t.after_miss)
                 t.after_miss = n < len(d.tokens)  # a plain round ends a run of misses
                 if t.emit(d.tokens[:n] + [nxt], n) and self.slots.holds(t):
                     self.slots.free(t, _END)

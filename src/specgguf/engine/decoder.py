@@ -142,8 +142,8 @@ class SpeculativeDecoder:
             exactly greedy target decoding); False with :func:`~specgguf.accept`
             (output distributed exactly as sampling the target).
         generator: ``numpy.random.Generator``, int seed or None (sampling only).
-        p_min: draft confidence cutoff: None, a float, or ``"auto"`` (learned
-            by the policy; needs ``k="auto"`` or a policy).
+        p_min: draft confidence cutoff: None, a float, or ``"auto"`` (the
+            policy's: what one more draft token costs; needs ``k="auto"`` or a policy).
         sampler: a :class:`~specgguf.ops.sampling.Sampler` (its rule replaces
             ``greedy`` and ``generator``; the drafter-invariant race needs one).
         plain_first: decode the first round without drafting, so the first
@@ -179,7 +179,7 @@ class SpeculativeDecoder:
         self.k = self.policy.k_max if self.policy else check_int("k", k, 0)
         self.p_min = check_p_min(p_min)
         if p_min == "auto" and self.policy is None:
-            raise ValueError("p_min='auto' is learned by the draft policy: use it with k='auto'")
+            raise ValueError("p_min='auto' is set by the draft policy's costs: use it with k='auto'")
         self.plain_first = plain_first
         self.lookup = lookup
         self.regime = regime or self.sampler.rule
@@ -250,7 +250,7 @@ class SpeculativeDecoder:
         if k == 0:
             return Draft(forwards=[])
         p_min = self.p_min
-        if p_min == "auto":  # learned by the policy that chose this round's drafter
+        if p_min == "auto":  # from the costs of the policy that chose this round's drafter
             p_min = turn.policy.p_min(self.regime) if turn.policy is not None else None
         draft = turn.drafter.propose(prefix, k, None if p_min is None else float(p_min))
         if len(draft.tokens) > k:

@@ -90,7 +90,7 @@ def report(turn: Turn, lookup: Optional[LookupFirst], draft: Draft, accepted: in
     if turn.policy is not None:
         if draft.catchup:
             turn.policy.regime(view.regime).read_back(float(draft.catchup[0]), int(draft.catchup[1]))
-        turn.policy.observe(view.regime, n, accepted, view.after_miss, draft.confidence)
+        turn.policy.observe(view.regime, n, accepted, view.after_miss)
         turn.policy.round_done([view], [n], m)
     if n == 0 and lookup is not None and lookup.policy is not None and lookup.policy is not turn.policy:
         lookup.policy.round_done([view], [0], m)
