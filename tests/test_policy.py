@@ -332,3 +332,15 @@ def test_each_token_count_is_priced_as_timed_and_follows_the_machines_speed():
         p.round_done([view], [b - 1], Measured(b, {1: 0.0205, 5: 0.0367, 9: 0.0437}[b], [(1, 0.009, 1)] * (b - 1), b))
     assert p.costs.seconds([view], [0]) == pytest.approx(0.0205, rel=0.02)
     assert p.costs.seconds([view], [8]) == pytest.approx(0.0437 + 8 * 0.009, rel=0.02)
+
+
+def test_a_round_that_ran_no_forward_times_nothing():
+    """A first round whose target already held the prompt and the row after it
+    (the prompt's measurement left it so) runs no forward: timed as a
+    one-token forward it priced plain decoding at 0.4 ms, and every K looked
+    like 0.4x plain until a hundred readings had moved it."""
+    p = Policy(8)
+    p.round_done([SlotView("greedy", 0, target_lag=0)], [0], Measured(0, 0.0004))
+    assert not p.costs.target.s
+    p.round_done([SlotView("greedy", 8)], [0], Measured(1, 0.025))
+    assert p.costs.target(1) == pytest.approx(0.025)

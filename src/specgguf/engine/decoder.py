@@ -239,9 +239,9 @@ class SpeculativeDecoder:
         first = self.stats.rounds == 0
         cap = 0 if first and self.plain_first else min(self.k, remaining - 1)
         lag = self.drafter.lag(prefix) if self.policy is not None else 1  # O(context): only for a policy
-        # A first round reads the prompt, unless the target says it holds it with the row after it
-        # (the prompt's measurement left it so): then it is an ordinary round, and times one.
-        t_lag = max(1, getattr(self.target_step, "lag", lambda p: len(p))(prefix)) if first else 1
+        # A first round reads the prompt, or nothing when the target holds it with the row after it
+        # (the prompt's measurement left it so): a round that ran no forward times none.
+        t_lag = getattr(self.target_step, "lag", lambda p: len(p))(prefix) if first else 1
         view = SlotView(self.regime, cap, self.policy is None, t_lag, lag, remaining, after_miss)
         return next_turn(prefix, view, self.drafter, self.policy, self.k, self.lookup)
 

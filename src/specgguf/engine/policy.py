@@ -208,7 +208,7 @@ class Costs:
         self.target, self.draft = Timed(t.slope_guess, True, pace), Timed(t.slope_guess, False, pace)
 
     def observe(self, m: Measured, prompt: bool, passes: int) -> None:
-        if not prompt and passes == 1:  # a prompt's or several passes' forward does not price one pass
+        if not prompt and passes == 1 and m.target_tokens > 0:  # nor does a prompt's, several passes', none
             self.target.observe(m.target_tokens, m.target_seconds + m.rest_seconds)
         for n, seconds, _ in m.draft_forwards:
             self.draft.observe(n, seconds)
