@@ -107,7 +107,7 @@ def test_a_poor_draft_is_probed_rarely_until_its_evidence_ages():
     assert policy.acceptance("greedy").per_position()[0] < 0.5  # what its probes found
     for _ in range(2000):  # idle rounds thin the evidence: worth a look again
         policy.round_done([SlotView("greedy", 8)], [0], None)
-    assert policy.acceptance("greedy").optimistic() > 0.9
+    assert policy.acceptance("greedy").optimistic(policy.regime("greedy").idle) > 0.9
     assert policy.choose([SlotView("greedy", 8, remaining=1000)])[0] > 0
 
 
@@ -121,12 +121,14 @@ def test_recovers_when_acceptance_rises():
     assert np.mean(good[-200:]) >= 4  # the tries noticed and K went back up
 
 
-def test_re_times_plain_decoding_while_drafting_and_a_blind_policy_never_does():
+def test_a_good_draft_drafts_every_round_and_a_blind_policy_times_nothing():
+    """No plain round is spent re-timing the target (the machine's speed, which
+    every reading moves, reprices it: the simulator read 0.96 of the best
+    fixed K at worst without them, 0.949 with one in 32)."""
     policy = Policy(8)
     policy.regime("greedy").measured(0.97, 32)
     ks = Player(policy, BOARD, np.random.default_rng(3)).play(0.97, 600)
-    plain = [i for i, k in enumerate(ks) if k == 0 and i > 5]
-    assert 2 <= len(plain) <= 600 // Tuning.rebase + 4 and max(np.diff(plain)) <= Tuning.rebase + 1
+    assert ks[5:].count(0) <= 3
     frozen = Policy(8, clock=False)  # seeded p/q runs: the timing must not change the text
     frozen.regime("greedy").measured(0.97, 32)
     ks = Player(frozen, BOARD, np.random.default_rng(0)).play(0.99, 300)
@@ -344,3 +346,16 @@ def test_a_round_that_ran_no_forward_times_nothing():
     assert not p.costs.target.s
     p.round_done([SlotView("greedy", 8)], [0], Measured(1, 0.025))
     assert p.costs.target(1) == pytest.approx(0.025)
+
+
+def test_a_reading_of_no_time_is_not_a_price():
+    """A lookup's draft takes no forward: a draft 'forward' of 0 s (or a
+    clock too coarse to see one) is no price, and no later reading divides by it."""
+    pace = [1.0]
+    t = Timed(0.06, False, pace)
+    t.observe(2, 0.0)
+    t.observe(0, 0.01)
+    assert not t.s
+    t.observe(2, 0.01)
+    t.observe(2, 0.0)
+    assert t(2) == pytest.approx(0.01) and pace == [1.0]

@@ -34,17 +34,15 @@ class Tuning:
     thin: float = 0.995        # per plain round, what the optimistic rate keeps of the evidence
     probe_k: int = 3           # draft tokens of a probe of a regime not known
     odds: float = 0.2          # the chance a probe or a retry finds the draft good: its catch-up weighs 1/odds
-    retry: int = 16            # plain rounds before a lone sequence retries, doubled per fruitless retry ...
-    retry_max: int = 64        # ... up to this
+    retry: int = 16            # plain rounds in a row before a lone sequence retries, doubled after
+    retry_max: int = 256       # a retry that did not hold, up to this (a draft as slow as the target)
     retry_gain: float = 1.1    # a retry's predicted gain over plain decoding must reach this
     doubt: float = 0.5         # a retry may price the draft at this of the target (timed in a slow phase?)
-    entry: float = 1.05        # from plain decoding a lone sequence drafts only at a gain above this
     guard: float = 0.6         # drafting that delivers under this of its promise ...
     forget: float = 0.2        # ... keeps this of the acceptance counts (the text changed)
-    rebase: int = 32           # drafting rounds before a plain one re-times the target alone
     draft_guess: float = 0.1   # a draft forward, of a target token, before one is timed (hopeful)
     slope_guess: float = 0.06  # a forward's price per token past one count timed, of that count's
-    horizon: int = 256         # most tokens a draft's catch-up is paid back over
+    unknown_left: int = 128    # tokens a sequence is taken to have left when it does not say
     steady: int = 2            # draft tokens a sequence has in a forward without catch-up
 
 
@@ -64,7 +62,7 @@ class Acceptance:
 
     def __init__(self, k_max: int, t: Tuning = Tuning()) -> None:
         self.t, self.accepted, self.verified = t, [0.0] * (k_max + 1), [0.0] * (k_max + 1)
-        self.total, self.idle = [0.0, 0.0], 0  # idle: plain rounds since a verdict (thins optimistic())
+        self.total = [0.0, 0.0]
 
     def add(self, accepted: Sequence[float], verified: Sequence[float], total: Sequence[float], f=1.0) -> None:
         self.accepted = [a + f * x for a, x in zip(self.accepted, accepted)]
@@ -98,14 +96,13 @@ class Acceptance:
             j = -1 if i == 0 and after_miss else i
             self.verified[j] += 1.0
             self.accepted[j] += float(i < accepted)
-        self.total, self.idle = [self.total[0] + accepted, self.total[1] + verified], 0
+        self.total = [self.total[0] + accepted, self.total[1] + verified]
 
     def read_back(self, accepted: float, positions: int) -> None:
         """The draft's read-back of ``positions`` tokens it caught up on (``accepted``: their acceptances)."""
         self.forget(self.t.decay)
         zeros = [0.0] * (len(self.verified) - 1)
         self.add([accepted] + zeros, [positions] + zeros, [accepted, positions])
-        self.idle = 0
 
     def forget(self, f: float) -> None:
         self.accepted, self.verified = [a * f for a in self.accepted], [v * f for v in self.verified]
@@ -117,9 +114,9 @@ class Acceptance:
         out = [(a + s * overall) / (v + s) for a, v in zip(self.accepted, self.verified)]
         return ([out[-1]] if after_miss else out[:1]) + out[1:-1]
 
-    def optimistic(self) -> float:
-        """One sigma above the overall rate, its evidence thinning while idle; at most 0.99."""
-        f = self.t.thin ** self.idle
+    def optimistic(self, idle: int = 0) -> float:
+        """One sigma above the overall rate, its evidence thinned by ``idle`` plain rounds; at most 0.99."""
+        f = self.t.thin ** idle
         n, g = self.total[1] * f, (self.total[0] * f + 1.0) / (self.total[1] * f + 2.0)
         return min(0.99, g + (g * (1.0 - g) / (n + 1.0)) ** 0.5)
 
@@ -137,6 +134,8 @@ class Timed:
         self.slope, self.flat, self.pace, self.s = slope, flat, pace, {}
 
     def observe(self, n: int, seconds: float) -> None:
+        if n <= 0 or seconds <= 0.0:  # no forward, or none the clock could see
+            return
         if n in self.s:
             self.pace[0] = _follow(self.pace[0], seconds / self.s[n])
         self.s[n] = _follow(self.s.get(n), seconds / self.pace[0])
@@ -229,7 +228,7 @@ class Costs:
         """A round drafting ``ks``: the target's passes, the draft's first forward
         (each drafting sequence's lag, at most ``steady``) and one per further
         position; a longer catch-up is paid back over the tokens left (at most
-        ``horizon``): a drafting round is weighed against a plain one."""
+        ``unknown_left`` if not known): a drafting round is weighed against a plain one."""
         t = self.target(max(1, sum(v.target_lag for v in views) + sum(ks)))
         t += (self.passes(views, ks) - 1) * self.target(1)
         drafting = [(v, k) for v, k in zip(views, ks) if k]
@@ -240,7 +239,7 @@ class Costs:
         t += sum(self.draft_forward(sum(k >= j for _, k in drafting), doubt) for j in range(2, max(ks) + 1))
         for (v, _), s in zip(drafting, steady):
             catchup = self.draft_forward(v.draft_lag) - self.draft_forward(s)
-            t += max(0.0, catchup) / min(self.t.horizon, max(1, v.remaining or self.t.horizon // 2))
+            t += max(0.0, catchup) / max(1, v.remaining or self.t.unknown_left)
         return t
 
 
@@ -251,7 +250,7 @@ class Regime:
         self.t, self.estimate = t, Acceptance(k_max, t)
         self.seen = 0.0                  # positions verified in this process (a prior is no verdict)
         self.promised = [0.0, 0.0, 0.0]  # recent drafting rounds' tokens, the estimate's promise, rounds
-        self.idle, self.wait, self.retrying = 0, t.retry, False
+        self.idle, self.wait, self.retried = 0, t.retry, 0  # plain rounds in a row; before a retry; 2: one ran
 
     @property
     def known(self) -> bool:
@@ -279,12 +278,13 @@ class Regime:
             self.estimate.forget(self.t.forget)
             self.promised = [0.0, 0.0, 0.0]
 
-    def round(self, drafted: bool, clear: bool) -> None:
-        """After a retry, drafting at a clear gain resets the wait; going plain doubles it."""
-        if self.retrying and (clear or not drafted):
-            self.wait, self.retrying = self.t.retry if drafted else min(2 * self.wait, self.t.retry_max), False
+    def round(self, drafted: bool) -> None:
+        """A round passed, drafting in this regime or not; the one after a retry
+        tells whether drafting held (the wait resets) or not (it doubles)."""
+        if self.retried == 1:
+            self.wait = self.t.retry if drafted else min(2 * self.wait, self.t.retry_max)
+        self.retried = max(0, self.retried - 1)
         self.idle = 0 if drafted else self.idle + 1
-        self.estimate.idle += not drafted
 
     def gains(self, v: SlotView, optimistic: bool = False) -> List[float]:
         """Expected tokens at K = 0..cap: estimated once known, else (or ``optimistic``)
@@ -292,7 +292,7 @@ class Regime:
         if self.known and not optimistic:
             return expected_tokens(v.cap, self.estimate.per_position(v.after_miss))
         n = v.cap if optimistic else self.t.probe_k
-        return expected_tokens(v.cap, [self.estimate.optimistic()] * n + [0.0] * v.cap)
+        return expected_tokens(v.cap, [self.estimate.optimistic(self.idle)] * n + [0.0] * v.cap)
 
 
 class Policy:
@@ -306,7 +306,6 @@ class Policy:
             raise ValueError(f"k_max must be >= 1, got {k_max}")
         self.k_max, self.clock, self.t = k_max, clock, tuning
         self.costs, self.regimes = Costs(tuning, passes, free_draft), {}  # type: Costs, Dict[str, Regime]
-        self.since_plain, self.clear = 0, False  # drafting rounds in a row; the last choice won clearly
 
     def regime(self, name: str) -> Regime:
         if name not in self.regimes:
@@ -319,20 +318,18 @@ class Policy:
     def choose(self, views: Sequence[SlotView]) -> List[int]:
         """K for each sequence (see the module docstring)."""
         r = [self.regime(v.regime) for v in views][0]
-        if self.clock and (not self.costs.target.s or self.since_plain >= self.t.rebase):
+        if self.clock and not self.costs.target.s:
             return [v.cap if v.fixed else 0 for v in views]
         lone = len(views) == 1 and not views[0].fixed and views[0].cap > 0 and r.known
         if lone and r.idle >= r.wait and self.clock:
             for hope in (True, False):  # the draft may accept more now, or cost less than when timed
                 best, gain = self._best(views, optimistic=hope, doubt=not hope)
                 if best[0] and gain >= self.t.retry_gain:
-                    r.retrying, self.clear = True, False
+                    r.retried = 2
                     if not hope:  # its timings were doubted: this round's replace them
                         self.costs.draft.s.clear()
                     return best
-        best, gain = self._best(views)
-        self.clear = gain >= self.t.entry
-        return [0] if lone and self.since_plain == 0 and not self.clear else best
+        return self._best(views)[0]
 
     def _best(self, views: Sequence[SlotView], hope=False, optimistic=False, doubt=False) -> tuple:
         """The best common K, then each sequence's own in turn, scored as expected
@@ -347,7 +344,7 @@ class Policy:
                 v = replace(v, cap=0 if v.regime in first else min(v.cap, self.t.probe_k))
                 first.add(v.regime)
             if probe or optimistic:  # what may find nothing pays its catch-up back over fewer tokens
-                v = replace(v, remaining=max(1, round((v.remaining or self.t.horizon // 2) * self.t.odds)))
+                v = replace(v, remaining=max(1, round((v.remaining or self.t.unknown_left) * self.t.odds)))
             capped.append(v)
         gains = [expected_tokens(v.cap, [0.99] * v.cap) if hope else self.regimes[v.regime].gains(v, optimistic)
                  for v in capped]
@@ -365,7 +362,7 @@ class Policy:
     def worth_measuring(self, v: SlotView) -> bool:
         """Whether to measure the draft on the prompt ``v`` is about to read: while its
         regime is not known, if drafting would pay were the draft good."""
-        cap = min(self.k_max, (v.remaining or self.t.horizon) - 1)
+        cap = min(self.k_max, (v.remaining or self.t.unknown_left) - 1)
         if self.regime(v.regime).known or cap <= 0:
             return False
         return self._best([replace(v, target_lag=1, cap=cap)], hope=True)[0][0] > 0
@@ -379,15 +376,13 @@ class Policy:
         """After a round that drafted ``ks`` for ``views``: its costs (``m``; None: untimed)."""
         if m is not None and self.clock:
             self.costs.observe(m, any(v.target_lag > 1 for v in views), self.costs.passes(views, ks))
-        if any(v.cap and not v.fixed for v in views):  # a round that could not draft chose nothing
-            self.since_plain = self.since_plain + 1 if any(k for v, k in zip(views, ks) if not v.fixed) else 0
         drafted = {v.regime for v, k in zip(views, ks) if k}
         for name, r in self.regimes.items():
-            r.round(name in drafted, self.clear)
+            r.round(name in drafted)
 
     def rates(self, regime: str) -> List[float]:
         """Tokens per second a lone steady sequence of ``regime`` is predicted at, K = 0..k_max."""
-        v, g = SlotView(regime, self.k_max, remaining=self.t.horizon), expected_tokens(
+        v, g = SlotView(regime, self.k_max, remaining=self.t.unknown_left), expected_tokens(
             self.k_max, self.acceptance(regime).per_position())
         return [g[k] / max(self.costs.seconds([v], [k]), 1e-9) for k in range(self.k_max + 1)]
 
