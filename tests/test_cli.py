@@ -208,3 +208,17 @@ def test_a_first_hour_without_surprises(tmp_path):
     loud = cli("--ctx", "100000", "--chat", "-p", "hi", "-n", "2", "--threads", "2", "--verbose")
     assert "n_ctx_seq" in loud.stderr
     assert "identifying" not in cli("models", "verify").stderr
+
+
+def test_the_lookup_flags():
+    """--lookup / --no-lookup (and --ngram, --lookup's former name) set the
+    lookup in front of the draft; unset, it is the default's (on with one
+    request at a time); --lookup-memory is checked as a token count."""
+    from specgguf.cli.main import build_parser
+    parse = build_parser().parse_args
+    assert parse([]).lookup is None and parse([]).lookup_memory == 16384
+    assert parse(["--no-lookup"]).lookup is False
+    assert parse(["--lookup"]).lookup is True and parse(["--ngram"]).lookup is True
+    assert parse(["--lookup-memory", "0"]).lookup_memory == 0
+    with pytest.raises(SystemExit):
+        parse(["--lookup-memory", "-1"])

@@ -101,6 +101,22 @@ def test_requests_together_equal_each_alone(pairs, settings):
         assert one.generate(prompts[0], **dict(kw, seed=12)).tokens != alone[0].tokens
 
 
+def test_each_slot_looks_its_text_up_and_stays_exact(pairs):
+    """In shared rounds each slot has its own lookup: requests whose answers
+    reprint pasted code draft from it, and every text is still what the
+    request gets alone (greedy, token for token)."""
+    import inspect
+    import textwrap
+    many, one = pairs
+    asks = [f"```python\n{inspect.getsource(f)}```\n\nAdd a docstring to this function. Reply with the whole function."
+            for f in (textwrap.indent, textwrap.dedent)]
+    prompts = [chat(a) for a in asks] + [chat(MORE[0])]
+    together = many.generate_many(prompts, max_tokens=48, temperature=0)
+    assert [r.tokens for r in together] == [one.generate(p, max_tokens=48, temperature=0).tokens for p in prompts]
+    assert sum(r.stats["tokens_by_source"]["lookup"] for r in together) > 0
+    assert all(r.sources.count("lookup") == r.stats["tokens_by_source"]["lookup"] for r in together)
+
+
 def test_streams_interleave_and_join_into_each_text(pairs):
     """Each request's streamed pieces join into that same request's text and
     sources (equality with each prompt alone is the test above's)."""
@@ -279,7 +295,7 @@ def test_what_the_engine_learns_of_the_draft_is_stored_for_later_processes(pairs
     regime = many.defaults.regime
     before = many.pair.state.evidence(regime)
     n0 = before["total"][1] if before else 0.0
-    r = many.generate(chat(PROMPTS[2]), max_tokens=32, k=3, chat=True)
+    r = many.generate(chat("Name three rivers in Africa and describe one of them."), max_tokens=32, k=3, chat=True)
     assert r.stats["drafted"] > 0
     after = many.pair.state.evidence(regime)
     assert after is not None and after["total"][1] > 0 and after["total"][1] != n0

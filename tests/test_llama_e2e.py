@@ -1,5 +1,7 @@
 """End to end on the real SmolLM2 pair from models.lock (fetched by scripts/setup.sh)."""
 
+import inspect
+import textwrap
 import threading
 from dataclasses import replace
 
@@ -308,12 +310,22 @@ def test_ngram_draft_end_to_end(target):
     assert sampled.tokens == s.generate(ids, max_tokens=40, k=0, temperature=0.8, seed=3).tokens
 
 
-def test_a_lookup_in_front_of_the_draft_is_exact(target, draft):
-    """ngram=True: a prompt lookup drafts where the text repeats, the model
-    elsewhere, each with its own policy (their separation is tested in
-    test_ngram). Output is plain decoding's; parallel > 1 is refused."""
-    s = SpeculativeLlama(target, draft, ngram=True)
-    ids = s.tokenize(msgs(COPY_PROMPT), chat=True)
+def test_a_lookup_in_front_of_the_draft_is_the_default_and_is_exact(target, draft):
+    """By default a lookup (the context and earlier texts) drafts where the
+    text repeats, the model elsewhere, each with its own policy (their
+    separation is tested in test_ngram). Output is plain decoding's; its
+    tokens are counted apart; lookup=False (and its former name ngram=False)
+    turns it off."""
+    s = SpeculativeLlama(target, draft)
+    assert s.pair.lookup is not None
+    assert SpeculativeLlama(target, draft, lookup=False).pair.lookup is None
+    assert SpeculativeLlama(target, draft, ngram=False).pair.lookup is None
+    edit = f"```python\n{inspect.getsource(textwrap.indent)}```\n\nAdd a docstring to this function. Reply with the whole function."
+    ids = s.tokenize(msgs(edit), chat=True)  # the answer reprints the code: a copy the lookup drafts
+    res = s.generate(ids, max_tokens=64, k="auto")
+    assert res.tokens == plain_greedy(target, ids, len(res.tokens))
+    by = res.stats["tokens_by_source"]
+    assert by["lookup"] > 0 and by["lookup"] == res.sources.count("lookup") and sum(by.values()) == res.stats["emitted"]
     proposals, propose = [], s.pair.lookup.propose
     s.pair.lookup.propose = lambda context, k, p_min=None: proposals.append(propose(context, k, p_min)) or proposals[-1]
     for k in ("auto", 3):  # a fixed K: the lookup drafts wherever it finds a match
@@ -323,8 +335,7 @@ def test_a_lookup_in_front_of_the_draft_is_exact(target, draft):
     assert s.learning.lookup is not s.learning.online  # the model's own policy, the only one stored
     sampled = s.generate(ids, max_tokens=40, k="auto", temperature=0.8, seed=3)
     assert sampled.tokens == s.generate(ids, max_tokens=40, k=0, temperature=0.8, seed=3).tokens
-    with pytest.raises(ValueError, match="parallel"):
-        SpeculativeLlama(target, draft, ngram=True, parallel=2)
+
 
 
 def test_an_ngram_draft_is_probed_again_soon_after_an_early_miss(target):
@@ -382,8 +393,9 @@ def test_calibration_measures_the_drafts_acceptance(target, draft, poor_draft):
 def test_auto_k_skips_a_draft_that_could_not_repay_its_prompt_prefill(target, draft):
     """A long prompt and a 6-token answer, at this pair's measured costs: the
     draft's catch-up on the prompt costs more than drafting could save on 6
-    tokens, so k="auto" decodes plainly and the draft never runs - and the
-    output is still the target's greedy output."""
+    tokens, so k="auto" never runs the draft (the lookup, which costs
+    nothing, may draft the repeated text) - and the output is still the
+    target's greedy output."""
     s = SpeculativeLlama(target, draft)
     costs = s.calibrate(progress=lambda msg: None)["costs"]
     # A round's first draft forward is timed apart from the warm ones after it.
@@ -393,7 +405,7 @@ def test_auto_k_skips_a_draft_that_could_not_repay_its_prompt_prefill(target, dr
     assert len(ids) > 300
     seconds = s.pair.draft_model.model.seconds
     res = s.generate(ids, max_tokens=6, k="auto")
-    assert res.stats["k_hist"] == {0: res.stats["rounds"]}
+    assert res.stats["tokens_by_source"]["draft"] == 0
     assert s.pair.draft_model.model.seconds == seconds  # not one draft forward
     assert res.tokens == plain_greedy(target, ids, len(res.tokens))
 

@@ -113,16 +113,19 @@ def test_streaming_equals_the_whole_response(client):
 
 
 def test_sources_say_which_tokens_came_from_the_draft(client):
-    """Each completion token's provenance: the "draft" entries are the
-    accepted draft tokens, a stream's chunks carry their own tokens'
-    sources, and together they are the whole response's (greedy, fixed K:
-    the same rounds both times). llama-server's timings ride along."""
+    """Each completion token's provenance: the "draft" and "lookup" entries
+    are the accepted draft tokens (the lookup's from the same request asked
+    before), a stream's chunks carry their own tokens' sources, and together
+    they are the whole response's (greedy, fixed K: the same rounds both
+    times). llama-server's timings ride along."""
     ask = dict(model="x", messages=chat(PROMPTS[0]), max_tokens=40, temperature=0, extra_body={"k": 4})
     client.chat.completions.create(**ask)  # a new prompt's first round is plain; a cached one's drafts
     whole = client.chat.completions.create(**ask)
     spec, sources = whole.model_extra["speculation"], whole.model_extra["speculation"]["sources"]
     assert whole.choices[0].finish_reason == "length" and len(sources) == whole.usage.completion_tokens == 40
-    assert set(sources) == {"draft", "target"} and sources.count("draft") == spec["accepted"] > 0
+    assert set(sources) <= {"draft", "lookup", "target"} and "target" in sources
+    assert len(sources) - sources.count("target") == spec["accepted"] > 0
+    assert spec["tokens_by_source"] == {s: sources.count(s) for s in ("target", "draft", "lookup")}
     assert sources.count("target") == spec["rounds"]  # one target token per round
     timings = whole.model_extra["timings"]
     assert timings["draft_n"] == spec["drafted"] and timings["draft_n_accepted"] == spec["accepted"]
@@ -136,7 +139,7 @@ def test_sources_say_which_tokens_came_from_the_draft(client):
     assert chunks[-1].model_extra["timings"]["draft_n_accepted"] == spec["accepted"]
     text = client.completions.create(model="x", prompt="Count: 1, 2, 3,", max_tokens=24, temperature=0,
                                      extra_body={"k": 4}).model_extra
-    assert len(text["speculation"]["sources"]) == 24 and text["speculation"]["sources"].count("draft") == \
+    assert len(text["speculation"]["sources"]) == 24 and 24 - text["speculation"]["sources"].count("target") == \
         text["speculation"]["accepted"]
 
 

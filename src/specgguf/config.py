@@ -20,6 +20,7 @@ from .checks import check_int as _int, check_p_min, check_real as _float
 
 K_MAX = 32  # the largest fixed draft length accepted
 AUTO_K_MAX = 8  # the largest draft length k="auto" considers
+LOOKUP_K_MAX = 32  # ... and lets a lookup propose: a copy costs nothing to draft and pays long
 TOP_LOGPROBS_MAX = 20  # as OpenAI's
 
 

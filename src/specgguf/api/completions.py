@@ -72,9 +72,11 @@ def rule_settings(kwargs: Dict[str, Any], chat: bool) -> Dict[str, Any]:
 
 def speculation(stats: dict, sources: Optional[List[str]] = None) -> dict:
     """The stats that ride along under "speculation"; ``sources``: each
-    completion token's provenance, ``"draft"`` or ``"target"``
-    (:attr:`~specgguf.GenerationResult.sources`)."""
+    completion token's provenance, ``"draft"``, ``"lookup"`` or ``"target"``
+    (:attr:`~specgguf.GenerationResult.sources`), and ``tokens_by_source``
+    their counts."""
     out = {"drafted": stats["drafted"], "accepted": stats["accepted"],
+           "tokens_by_source": stats.get("tokens_by_source"),
            "acceptance_rate": stats["acceptance_rate"], "rounds": stats["rounds"],
            "k_chosen": {str(k): n for k, n in stats["k_hist"].items()}, "verification": stats["verification"],
            "tokens_per_second": stats["tokens_per_second"], "why": stats.get("why")}

@@ -25,8 +25,9 @@ class GenerationResult:
     (an end-of-generation token is never included; see :class:`TextStream`).
     ``logprobs`` (when asked for): one ``(token, logprob, [(id, logprob)])``
     per token of ``tokens``, under the target's raw logits. ``sources``: one
-    entry per token of ``tokens``, ``"draft"`` (a draft token the target
-    accepted) or ``"target"`` (a token the target produced itself).
+    entry per token of ``tokens``, ``"draft"`` (a draft model's token the
+    target accepted), ``"lookup"`` (a lookup's, accepted) or ``"target"``
+    (a token the target produced itself).
     """
 
     text: str

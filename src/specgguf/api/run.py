@@ -18,7 +18,7 @@ from typing import Iterator, List, Optional
 from ..config import GenerationConfig
 from ..engine.batch import Engine
 from ..engine.decoder import SpeculativeDecoder
-from ..config import AUTO_K_MAX
+from ..config import AUTO_K_MAX, LOOKUP_K_MAX
 from ..engine.learning import Learning, clock_blind
 from ..engine.lookup_first import LookupFirst
 from ..engine.policy import SlotView
@@ -26,6 +26,7 @@ from ..llama.model import InUse, ubatches
 from ..llama.pair import ModelPair
 from ..llama.text import TextStream
 from ..ops.sampling import Sampler
+from ..ops.suffix import SuffixDrafter
 from .output import GenerationResult, Pieces, result
 
 
@@ -37,11 +38,15 @@ class Runner:
         self.pair, self.guard = pair, InUse("SpeculativeLlama")
         # Several slots keep a KV stream each in the target: a round may take several passes.
         split = pair.slots > 1 and not pair.target.model.unified
-        self.learning = Learning(pair.state, pair.draft_model is None, ubatches if split else None)
+        # A lookup alone (draft="ngram") in one sequence's rounds drafts long copies; shared rounds keep K short.
+        alone = pair.draft_model is None and pair.slots == 1
+        self.learning = Learning(pair.state, pair.draft_model is None, ubatches if split else None,
+                                 LOOKUP_K_MAX if alone else AUTO_K_MAX)
         self.engine: Optional[Engine] = None
         if pair.slots > 1:
             draft = pair.draft_model.model if pair.draft_model else None
-            self.engine = Engine(pair.target.model, draft, None if draft else pair.drafter, self.learning.online)
+            self.engine = Engine(pair.target.model, draft, None if draft else pair.drafter, self.learning.online,
+                                 pair.lookups, self.learning.lookup)
 
     def __call__(self, ids: List[int], config: GenerationConfig, sampler: Sampler, should_stop) -> Iterator:
         """Text pieces (:class:`~specgguf.api.output.Piece`), then the
@@ -63,9 +68,13 @@ class Runner:
             view = SlotView(config.regime, AUTO_K_MAX, target_lag=max(1, len(ids) - cached),
                             draft_lag=pair.drafter.lag(ids), remaining=budget)
             policy = self.learning.policy(config, lambda: pair.prompt_agreement(ids, sampler), view)
+            # A seeded p/q text depends on what was drafted: its lookups remember no earlier call.
+            forget = clock_blind(config)
             lookup = None if pair.lookup is None else LookupFirst(
-                pair.lookup, self.learning.lookup_policy(config), 0 if config.k == "auto" else config.k)
-            dec = SpeculativeDecoder(pair.drafter, pair.target, k=policy or config.k, sampler=sampler,
+                SuffixDrafter(0) if forget else pair.lookup, self.learning.lookup_policy(config),
+                0 if config.k == "auto" else config.k)
+            drafter = SuffixDrafter(0) if forget and isinstance(pair.drafter, SuffixDrafter) else pair.drafter
+            dec = SpeculativeDecoder(drafter, pair.target, k=policy or config.k, sampler=sampler,
                                      p_min=config.p_min, plain_first=True, lookup=lookup,  # the first token at once
                                      regime=config.regime)
             out, produced = self._text(config), []

@@ -41,8 +41,13 @@ class SpeculativeLlama(CompletionMethods):
     Args:
         target: path, models.lock name, or loaded ``llama_cpp.Llama``.
         draft: the same, or ``"ngram"`` for model-free prompt-lookup drafting.
-        ngram: with a draft model, try an n-gram lookup first each round and
-            fall back to the model when it finds nothing.
+        lookup: with a draft model, look the context's end up first each round
+            in the context and in earlier texts (:class:`~specgguf.ops.suffix.SuffixDrafter`:
+            it costs nothing and drafts long copies), the model drafting where
+            it finds nothing, each with its own K (with slots, a lookup per
+            slot). Default: on; ``False`` turns it off. (``ngram=`` is its former name.)
+        lookup_memory: tokens of earlier prompts and outputs the lookup keeps
+            (in memory only, about 600 bytes a token; default 16384).
         n_ctx: context window for models loaded here (>= 256).
         n_threads: threads for models loaded here (None: every core).
         verbose: let llama.cpp print its logs.
@@ -73,6 +78,8 @@ class SpeculativeLlama(CompletionMethods):
     def __init__(self, target: ModelLike, draft: ModelLike, *, config: Optional[GenerationConfig] = None,
                  **kwargs) -> None:
         settings = {name: kwargs.pop(name) for name in list(kwargs) if name in _SETTINGS}
+        if "ngram" in kwargs:  # the lookup's former name
+            kwargs.setdefault("lookup", kwargs.pop("ngram"))
         unknown = sorted(set(kwargs) - _LOAD_OPTIONS)
         if unknown:
             raise TypeError(f"SpeculativeLlama got unknown argument(s) {', '.join(unknown)}; load options: "
@@ -274,7 +281,8 @@ def cached_pair(target: ModelLike, draft: ModelLike, **load) -> SpeculativeLlama
 
 
 def generate(prompt: Prompt, *, target: ModelLike, draft: ModelLike, stream: bool = False, chat: bool = False,
-             ngram: bool = False, n_ctx: int = 2048, n_threads: Optional[int] = None,
+             lookup: Optional[bool] = None, ngram: Optional[bool] = None, n_ctx: int = 2048,
+             n_threads: Optional[int] = None,
              rpc: Union[None, str, Sequence[str]] = None, config: Optional[GenerationConfig] = None,
              **settings) -> Union[GenerationResult, Iterator[str]]:
     """Speculative generation with two GGUF models, exactly the target's output law.
@@ -286,7 +294,8 @@ def generate(prompt: Prompt, *, target: ModelLike, draft: ModelLike, stream: boo
         target, draft: paths, models.lock names or loaded ``llama_cpp.Llama``;
             ``draft="ngram"`` drafts by prompt lookup, with no draft model.
         stream: return an iterator of text pieces instead.
-        ngram: try a prompt lookup before the draft model each round.
+        lookup: look the text up before the draft model each round (default:
+            on; see SpeculativeLlama); ``ngram``: its former name.
         n_ctx, n_threads, rpc: how the models are loaded (see SpeculativeLlama).
         config: a :class:`GenerationConfig`; ``settings`` override it:
             max_tokens, temperature, top_k, top_p, min_p, k, p_min, seed, stop,
@@ -300,5 +309,6 @@ def generate(prompt: Prompt, *, target: ModelLike, draft: ModelLike, stream: boo
         ``.stats``), or an iterator of ``str`` when ``stream=True``.
     """
     config = GenerationConfig.from_kwargs(config, **settings)  # errors before any loading
-    llm = cached_pair(target, draft, ngram=ngram, n_ctx=n_ctx, n_threads=n_threads, rpc=rpc)
+    lookup = ngram if lookup is None else lookup
+    llm = cached_pair(target, draft, lookup=lookup, n_ctx=n_ctx, n_threads=n_threads, rpc=rpc)
     return llm.generate(prompt, stream=stream, chat=chat, config=config)

@@ -45,8 +45,15 @@ def add_model_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--target", help="target GGUF: a path or a models.lock name (default: the default pair)")
     ap.add_argument("--draft", help="draft GGUF: a path or a models.lock name (default: the default "
                     "pair), or 'ngram' for model-free prompt-lookup drafting")
-    ap.add_argument("--ngram", action="store_true", help="with a draft model: a prompt lookup drafts where "
-                    "the text repeats, the model elsewhere, each with its own K (one request at a time)")
+    ap.add_argument("--lookup", dest="lookup", action="store_true", default=None,
+                    help="with a draft model: look the text up first each round (in the context and earlier "
+                    "prompts and answers: a copy drafts for free), the model drafting elsewhere, each with its "
+                    "own K. The default")
+    ap.add_argument("--no-lookup", dest="lookup", action="store_false", help="the draft model alone")
+    ap.add_argument("--ngram", dest="lookup", action="store_true", help=argparse.SUPPRESS)  # --lookup's former name
+    ap.add_argument("--lookup-memory", type=_number(int, 0), default=16384, metavar="TOKENS",
+                    help="tokens of earlier prompts and answers the lookup keeps, in memory only (16384, "
+                    "about 10 MB)")
     ap.add_argument("--ctx", type=_number(int, 256), default=2048,
                     help="context window in tokens, >= 256 (2048)")
     ap.add_argument("--threads", type=_number(int, 1), help="threads (default: every core)")
@@ -154,7 +161,8 @@ def load_pair(args: argparse.Namespace, **kw):
     from ..api.speculative import SpeculativeLlama
     target, draft = pair_names(args)
     split = [float(x) for x in args.tensor_split.split(",")] if args.tensor_split else None
-    return SpeculativeLlama(target, draft, ngram=args.ngram, n_ctx=args.ctx, n_threads=args.threads,
+    return SpeculativeLlama(target, draft, lookup=args.lookup, lookup_memory=args.lookup_memory,
+                            n_ctx=args.ctx, n_threads=args.threads,
                             flash_attn=args.flash_attn,
                             verbose=args.verbose, rpc=args.rpc, draft_rpc=args.draft_rpc,
                             tensor_split=split, **kw)

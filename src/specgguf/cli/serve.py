@@ -21,10 +21,9 @@ def auto_slots(args) -> int:
     """``--parallel auto``: AUTO_SLOTS slots, fewer if their KV caches
     would not fit in the memory available (estimated from the files'
     sizes: a slot of --ctx tokens costs far less than the weights); 1 with
-    --rpc (slots need local models) or --ngram (a lookup in front of the
-    draft runs in one-sequence rounds)."""
+    --rpc (slots need local models)."""
     from ..llama.model import available_memory
-    if args.rpc or args.ngram:
+    if args.rpc:
         return 1
     avail = available_memory()
     if avail is None:

@@ -37,6 +37,7 @@ import queue
 import threading
 import time
 from collections import deque
+from dataclasses import replace
 from typing import Deque, FrozenSet, List, Optional, Sequence
 
 import numpy as np
@@ -98,12 +99,12 @@ class Ticket:
         d_lag = draft.lag(self.ids, self.slot) if draft is not None else 0
         return SlotView(self.regime, max(0, cap), self.k is not None, t_lag, d_lag, remaining, self.after_miss, self.slot)
 
-    def emit(self, tokens: Sequence[int], n_draft: int) -> bool:
-        """Hand ``tokens`` (the first ``n_draft`` accepted drafts) to the
-        caller; True when the request is done."""
+    def emit(self, tokens: Sequence[int], n_draft: int, source: int = 1) -> bool:
+        """Hand ``tokens`` (the first ``n_draft`` accepted drafts, from ``source``:
+        1 a draft model, 2 a lookup) to the caller; True when the request is done."""
         for i, t in enumerate(tokens):
             self.ids.append(t)
-            self.stats.emit(i < n_draft)
+            self.stats.emit(source if i < n_draft else 0)
             self.queue.put(t)
             if t in self.stops:
                 self.stats.finish_reason = "stop"
@@ -202,16 +203,21 @@ class Engine:
         policy: the :class:`~specgguf.engine.policy.Policy` that picks each
             slot's K (its ``passes`` must count the target's: with a stream per
             slot, :func:`~specgguf.llama.model.ubatches`), under the engine's lock.
+        lookups: a lookup per slot (:class:`~specgguf.ops.suffix.SuffixDrafter`),
+            tried before the draft model each round, with ``lookup_policy``'s K
+            (as :mod:`~specgguf.engine.lookup_first` does for one sequence).
     """
 
     def __init__(self, target: LlamaModel, draft: Optional[LlamaModel] = None, ngram=None,
-                 policy: Optional[Policy] = None) -> None:
+                 policy: Optional[Policy] = None, lookups: Optional[Sequence] = None,
+                 lookup_policy: Optional[Policy] = None) -> None:
         if draft is not None and draft.slots != target.slots:
             raise ValueError(f"the draft has {draft.slots} slots, the target {target.slots}")
         self.target, self.draft, self.ngram = target, draft, ngram
         self.drafter = SlotDrafter(draft) if draft is not None else None
         self.slots = Slots(target)
         self.policy = policy or Policy(free_draft=draft is None)
+        self.lookups, self.lookup_policy = lookups, lookup_policy if lookups else None
         self.cond = threading.Condition()
         self.thread: Optional[threading.Thread] = None
 
@@ -280,11 +286,14 @@ class Engine:
         can = self.draft is not None or self.ngram is not None
         views = [t.view(self.target, self.draft, self.policy.k_max if can else 0) for t in active]
         with self.cond:  # the policy is shared with submit's callers
-            ks = self.policy.choose(views)
+            looked = self._looked(active, views)  # {index: K}: the slots a lookup drafts for this round
+            ks = [0 if i in looked else k for i, k in enumerate(self.policy.choose(views))]
             cutoffs = [self.policy.p_min(t.regime) if t.p_min == "auto" else t.p_min for t in active]
             measure = to_measure(active, views, self.policy) if self.drafter is not None else {}
         t0 = time.perf_counter()
         drafts, forwards = self._draft(active, ks, cutoffs)
+        for i, k in looked.items():
+            drafts[i] = self.lookups[active[i].slot].propose(active[i].ids, k)
         t1 = time.perf_counter()
         work = [(t.slot, t.ids + d.tokens, len(d.tokens) + 1 + measure.get(i, 0), len(d.tokens))
                 for i, (t, d) in enumerate(zip(active, drafts))]
@@ -302,15 +311,31 @@ class Engine:
                     self.slots.free(t, e)
                     continue
                 t.stats.record(len(d.tokens), n, d.stop if d.tokens else None, seconds=(t1 - t0, t2 - t1))
-                self.policy.observe(t.regime, len(d.tokens), n, t.after_miss)
+                (self.lookup_policy if i in looked else self.policy).observe(t.regime, len(d.tokens), n, t.after_miss)
                 t.after_miss = n < len(d.tokens)  # a plain round ends a run of misses
-                if t.emit(d.tokens[:n] + [nxt], n) and self.slots.holds(t):
+                source = 2 if i in looked or self.drafter is None else 1
+                if t.emit(d.tokens[:n] + [nxt], n, source) and self.slots.holds(t):
                     self.slots.free(t, _END)
             drafted = [len(d.tokens) for d in drafts]
             rest = (time.perf_counter() - t0) - (t2 - t1) - sum(f[1] for f in forwards)
-            target_tokens = sum(v.target_lag for v in views) + sum(drafted)
-            self.policy.round_done(views, drafted, Measured(target_tokens, t2 - t1, forwards,
-                                                            sum(drafted) + len(drafts), rest))
+            m = Measured(sum(v.target_lag for v in views) + sum(drafted), t2 - t1, forwards, sum(drafted) + len(drafts),
+                         rest)
+            self.policy.round_done(views, [0 if i in looked else n for i, n in enumerate(drafted)], m)
+            if self.lookup_policy is not None:
+                self.lookup_policy.round_done(views, [n if i in looked else 0 for i, n in enumerate(drafted)], m)
+
+    def _looked(self, active: Sequence[Ticket], views: Sequence[SlotView]) -> dict:
+        """``{index: K}``: the slots whose lookup finds the end of their text
+        earlier and whose lookup K (``lookup_policy``'s, or their fixed K) is
+        not 0; these draft from the lookup this round, the others from the model."""
+        if self.lookups is None:
+            return {}
+        found = [i for i, (t, v) in enumerate(zip(active, views))
+                 if v.cap > 0 and self.lookups[t.slot].propose(t.ids, 1).tokens]
+        k_max = self.lookup_policy.k_max
+        mine = [replace(views[i], draft_lag=0, cap=views[i].cap if views[i].fixed else
+                        min(k_max, views[i].remaining - 1)) for i in found]
+        return {i: k for i, k in zip(found, self.lookup_policy.choose(mine) if mine else []) if k > 0}
 
     def _measure(self, active: Sequence[Ticket], logits: List[np.ndarray], measure: dict, forwards: list) -> dict:
         """The draft's acceptance on each measured prompt (``{index: (acceptance,

@@ -43,7 +43,8 @@ class DecoderStats:
     drafted / accepted draft position i (0-based); ``k_hist[k]`` rounds that
     drafted k tokens; ``stop_reasons`` why drafting stopped in rounds that
     asked for tokens; ``from_draft[i]`` whether emitted token i was a draft
-    token the target accepted (1) or the target's own (0): its provenance.
+    token the target accepted (1), a lookup's (2) or the target's own (0):
+    its provenance.
     """
 
     rounds: int = 0
@@ -103,10 +104,14 @@ class DecoderStats:
         if stop is not None:
             self.stop_reasons[stop] = self.stop_reasons.get(stop, 0) + 1
 
-    def emit(self, from_draft: bool) -> None:
-        """Count one emitted token and where it came from."""
+    def emit(self, source: int) -> None:
+        """Count one emitted token and where it came from (0 the target, 1 the draft, 2 a lookup)."""
         self.emitted += 1
-        self.from_draft.append(1 if from_draft else 0)
+        self.from_draft.append(int(source))
+
+    def by_source(self) -> Dict[str, int]:
+        """Emitted tokens per source: ``{"target": n, "draft": n, "lookup": n}``."""
+        return {name: self.from_draft.count(i) for i, name in enumerate(SOURCES)}
 
     def as_dict(self) -> dict:
         """Plain dict of every count and derived rate (for JSON output;
@@ -120,13 +125,18 @@ class DecoderStats:
             "k_hist": dict(sorted(self.k_hist.items())), "stop_reasons": dict(self.stop_reasons),
             "draft_seconds": self.draft_seconds, "target_seconds": self.target_seconds,
             "first_target_seconds": self.first_target_seconds, "verify_seconds": self.verify_seconds,
+            "tokens_by_source": self.by_source(),
         }
 
 
+SOURCES = ("target", "draft", "lookup")
+
+
 def sources(from_draft: bytes) -> List[str]:
-    """Provenance as the API shows it: ``"draft"`` for a draft token the
-    target accepted, ``"target"`` for one the target produced."""
-    return ["draft" if f else "target" for f in from_draft]
+    """Provenance as the API shows it: ``"draft"`` for a draft model's token the
+    target accepted, ``"lookup"`` for a lookup's, ``"target"`` for one the
+    target produced."""
+    return [SOURCES[f] for f in from_draft]
 
 
 class SpeculativeDecoder:
@@ -225,7 +235,7 @@ class SpeculativeDecoder:
             after_miss = n < len(draft.tokens)
             for i, t in enumerate(draft.tokens[:n] + [nxt]):
                 prefix.append(t)
-                stats.emit(i < n)
+                stats.emit(turn.source if i < n else 0)
                 yield t
                 if t in stops:
                     stats.finish_reason = "stop"

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from ..config import AUTO_K_MAX, GenerationConfig
+from ..config import AUTO_K_MAX, LOOKUP_K_MAX, GenerationConfig
 from .policy import Policy, SlotView
 from ..state import PairState
 
@@ -39,12 +39,13 @@ class Learning:
         model_free: the draft is an n-gram lookup (it costs nothing).
         passes: how the target's forward is cut into passes (several slots: see
             :class:`~specgguf.engine.policy.Costs`).
+        k_max: the longest draft it considers (a lookup alone: LOOKUP_K_MAX).
     """
 
-    def __init__(self, state: PairState, model_free: bool = False, passes=None) -> None:
+    def __init__(self, state: PairState, model_free: bool = False, passes=None, k_max: int = AUTO_K_MAX) -> None:
         self.state = state
-        self.online = Policy(AUTO_K_MAX, passes, free_draft=model_free)
-        self.lookup = Policy(AUTO_K_MAX, free_draft=True)  # an n-gram lookup's, in front of a draft model
+        self.online = Policy(k_max, passes, free_draft=model_free)
+        self.lookup = Policy(LOOKUP_K_MAX, passes, free_draft=True)  # a lookup's, in front of a draft model
         self.measured = state.acceptance()
 
     def prior(self, config: GenerationConfig) -> Optional[float]:
@@ -69,7 +70,8 @@ class Learning:
         (:meth:`~specgguf.engine.policy.Policy.worth_measuring`)."""
         if config.k != "auto":
             return None
-        policy = Policy(AUTO_K_MAX, clock=False) if clock_blind(config) else self.online
+        online = self.online
+        policy = Policy(online.k_max, free_draft=online.costs.free, clock=False) if clock_blind(config) else online
         self.ready(policy, config)
         if measure is not None and view is not None and policy.worth_measuring(view):
             got = measure()
@@ -93,7 +95,7 @@ class Learning:
         accepts is about the text, not the pair."""
         if config.k != "auto":
             return None
-        return Policy(AUTO_K_MAX, free_draft=True, clock=False) if clock_blind(config) else self.lookup
+        return Policy(LOOKUP_K_MAX, free_draft=True, clock=False) if clock_blind(config) else self.lookup
 
     def finish(self, policy: Optional[Policy], config: GenerationConfig) -> None:
         """After a run: store what ``policy`` knows of the draft in the run's

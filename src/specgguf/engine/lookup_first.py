@@ -36,6 +36,11 @@ class Turn:
     k: int
     view: SlotView            # what the policy was shown of the sequence
 
+    @property
+    def source(self) -> int:
+        """What its accepted tokens count as (:meth:`~specgguf.engine.decoder.DecoderStats.emit`)."""
+        return 2 if getattr(self.drafter, "model_free", False) else 1
+
 
 @dataclass
 class LookupFirst:
@@ -49,8 +54,9 @@ class LookupFirst:
         """The lookup's turn if it has a match for ``context`` and its K is not 0; None otherwise."""
         if not self.lookup.propose(context, 1).tokens:
             return None
-        view = replace(view, draft_lag=0)
-        k = self.policy.choose([view])[0] if self.policy is not None else min(self.k, view.cap)
+        k_max = self.policy.k_max if self.policy is not None else self.k  # its own bound (LOOKUP_K_MAX)
+        view = replace(view, draft_lag=0, cap=k_max if view.remaining is None else min(k_max, view.remaining - 1))
+        k = self.policy.choose([view])[0] if self.policy is not None else view.cap
         return Turn(self.lookup, self.policy, k, view) if k > 0 else None
 
 
@@ -84,13 +90,15 @@ def report(turn: Turn, lookup: Optional[LookupFirst], draft: Draft, accepted: in
            m: Optional[Measured]) -> None:
     """How ``turn``'s round went, to the policy that chose it (its verdict, the
     draft's read-back of tokens it caught up on, the round's costs; ``m``
-    None: untimed); a plain round also to the lookup's, which weighs plain
-    decoding as much as the model's does."""
+    None: untimed); the model's rounds and plain ones also to the lookup's: it
+    times the target's forwards from them (when the model drafts every round,
+    the lookup's policy heard no forward and never drafted), and counts them
+    as rounds it did not draft."""
     view, n = turn.view, len(draft.tokens)
     if turn.policy is not None:
         if draft.catchup:
             turn.policy.regime(view.regime).read_back(float(draft.catchup[0]), int(draft.catchup[1]))
         turn.policy.observe(view.regime, n, accepted, view.after_miss)
         turn.policy.round_done([view], [n], m)
-    if n == 0 and lookup is not None and lookup.policy is not None and lookup.policy is not turn.policy:
+    if lookup is not None and lookup.policy is not None and lookup.policy is not turn.policy:
         lookup.policy.round_done([view], [0], m)

@@ -23,6 +23,7 @@ from .model import MIN_CTX, LlamaModel, ModelLike, check_slot_memory, eog_tokens
 from .models import resolve_model
 from ..ops.cross import CrossDrafter
 from ..ops.ngram import NgramDrafter
+from ..ops.suffix import SuffixDrafter
 from .rpc import RemoteModel, Workers
 from ..ops.sampling import Sampler
 from ..state import PairState, Store
@@ -84,22 +85,21 @@ class ModelPair:
     Args: as :class:`~specgguf.SpeculativeLlama`'s.
     """
 
-    def __init__(self, target: ModelLike, draft: ModelLike, *, ngram: bool = False, n_ctx: int = 2048,
+    def __init__(self, target: ModelLike, draft: ModelLike, *, lookup: Optional[bool] = None,
+                 lookup_memory: int = 16384, n_ctx: int = 2048,
                  n_threads: Optional[int] = None, verbose: bool = False,
                  rpc: Union[None, str, Sequence[str]] = None, draft_rpc: bool = False,
                  tensor_split: Optional[Sequence[float]] = None, store: Optional[Store] = None,
                  flash_attn: bool = True, parallel: int = 1) -> None:
         model_free = isinstance(draft, str) and draft == "ngram"
-        if ngram and model_free:
-            raise ValueError("ngram=True adds a prompt lookup in front of a draft model; draft='ngram' already is one")
+        if lookup and model_free:
+            raise ValueError("lookup=True adds a lookup in front of a draft model; draft='ngram' already is one")
+        check_int("lookup_memory", lookup_memory, 0)
         self.slots = check_int("parallel", parallel, 1, 64)
         workers = Workers.parse(rpc)
         if workers and self.slots > 1:
             raise ValueError("parallel > 1 (serve --parallel) does not work with rpc workers yet: "
                              "use parallel=1 with rpc")
-        if ngram and self.slots > 1:
-            raise ValueError("parallel > 1 (serve --parallel) does not work with ngram=True (--ngram) yet: "
-                             "use parallel=1 with a lookup in front of the draft")
         check_split(tensor_split, workers)
         if workers:
             workers.check()  # an unreachable or mismatched worker, named, before anything loads
@@ -125,10 +125,16 @@ class ModelPair:
         self.target = LlamaTarget(load.model(self.target_llm, tpath, None if cross else width, remote=True,
                                              unified=False))
         self.draft_model = None
-        # ngram=True: a lookup tried before the draft model, with its own K (engine.lookup_first)
-        self.lookup = NgramDrafter(n_min=3) if ngram else None
-        if model_free:
-            self.drafter = NgramDrafter()
+        # A lookup of the context and earlier texts tried before the draft model, with its own K
+        # (engine.lookup_first; with slots, one per slot, each with its share of the memory). It takes
+        # a round only on a match of 4 tokens or more: shorter ones (common phrases, in a memory of
+        # earlier texts) took rounds from the model where the model drafts better.
+        on = lookup if lookup is not None else not model_free
+        self.lookup = SuffixDrafter(lookup_memory, n_min=4) if on and self.slots == 1 else None
+        self.lookups = [SuffixDrafter(lookup_memory // self.slots, n_min=4) for _ in range(self.slots)] \
+            if on and self.slots > 1 else None
+        if model_free:  # one sequence's rounds: the lookup with a memory; shared rounds: the context's alone
+            self.drafter = SuffixDrafter(lookup_memory) if self.slots == 1 else NgramDrafter()
         else:
             dmodel = load.model(self.draft_llm, dpath, None if cross else width, remote=draft_rpc)
             self.draft_model = (CrossDrafter(dmodel, self.mode.target, self.mode.draft, self.mode.vmap) if cross

@@ -27,6 +27,8 @@ class NgramDrafter:
     (``stop="end"``). The index is kept incrementally while the context grows.
     """
 
+    model_free = True  # its accepted tokens are a lookup's (the API's ``sources``)
+
     def __init__(self, n_max: int = 5, n_min: int = 2) -> None:
         if not 1 <= n_min <= n_max:
             raise ValueError(f"need 1 <= n_min <= n_max, got n_min={n_min}, n_max={n_max}")
