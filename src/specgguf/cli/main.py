@@ -85,17 +85,23 @@ def read_prompt(args: argparse.Namespace) -> str:
 
 class Interrupt:
     """SIGINT for the CLI. While models load or files are fetched (C code that
-    may swallow a KeyboardInterrupt raised in a callback), exit 130 at once
-    (a fetch leaves only a temporary file, removed by the next one); while
-    generating, raise KeyboardInterrupt and also set ``hit``, which the run
-    checks once per round, so the interrupt is never lost."""
+    may swallow a KeyboardInterrupt raised in a callback) and once the text is
+    out (the models' teardown runs in ``__del__``, where an exception is only
+    printed and the exit status would stay 0), exit 130 at once (a fetch
+    leaves only a temporary file, removed by the next one); while generating,
+    raise KeyboardInterrupt and also set ``hit``, which the run checks after
+    each token, so the interrupt is never lost."""
 
     def __init__(self) -> None:
         self.hit = False
-        self.loading = True
+        self.at_once = True
 
     def __call__(self, signum, frame) -> None:
-        if self.loading:
+        if self.at_once:
+            try:
+                sys.stdout.flush()
+            except (OSError, ValueError):
+                pass
             print("\nspecgguf: interrupted", file=sys.stderr, flush=True)
             os._exit(130)
         self.hit = True
@@ -138,7 +144,7 @@ def run(args: argparse.Namespace, stop: Interrupt) -> int:
     config = config_from_args(args)
     prompt = read_prompt(args)
     llm = load_pair(args)
-    stop.loading = False
+    stop.at_once = False
     if stop.hit:
         raise KeyboardInterrupt
     stream = not (args.json or args.no_stream)
@@ -156,6 +162,8 @@ def run(args: argparse.Namespace, stop: Interrupt) -> int:
         if shown:  # end the line of text before the error
             print(flush=True)
         raise
+    finally:
+        stop.at_once = True
     if stop.hit:
         raise KeyboardInterrupt
     if args.json:
