@@ -207,7 +207,14 @@ BAD_REQUESTS = [
     ({**GOOD, "presence_penalty": 5}, "presence_penalty"),
     ({**GOOD, "logit_bias": {"x": 5}}, "logit_bias"),
     ({**GOOD, "logit_bias": {"1": 500}}, "logit_bias"),
-    ({**GOOD, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({**GOOD, "tools": {"type": "function", "function": {"name": "f"}}}, "tools"),
+    ({**GOOD, "tools": [{"type": "function", "function": {"name": "no spaces please"}}]}, "tools"),
+    ({**GOOD, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "foo"}}}]}, "tools"),
+    ({**GOOD, "tools": [{"type": "function", "function": {"name": "f"}}],
+      "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
+    ({**GOOD, "tools": [{"type": "function", "function": {"name": "f"}}], "response_format": {"type": "json_object"}},
+     "tools"),
+    ({**GOOD, "messages": [{"role": "assistant", "content": None, "tool_calls": "f()"}]}, "messages"),
     ({**GOOD, "tool_choice": "required"}, "tool_choice"),
     ({**GOOD, "response_format": {"type": "xml"}}, "response_format"),
     ({**GOOD, "response_format": {"type": "json_schema"}}, "response_format"),
@@ -544,3 +551,63 @@ def test_one_slot_decodes_every_request_on_one_thread(session_state):
                         {"prompt": "The sea", "max_tokens": 40, "temperature": 0.8, "seed": 1})) == first
     finally:
         s.stop()
+
+
+# -- tool calling ------------------------------------------------------------------
+def _tools():
+    from tests.test_tools import TOOLS
+    return TOOLS
+
+
+def test_tool_calls_through_the_openai_client_and_its_stream_helper(client):
+    ask = chat("Turn off the light in the kitchen.")
+    r = client.chat.completions.create(model="x", messages=ask, tools=_tools(), tool_choice="required",
+                                       temperature=0, max_tokens=80)
+    call = r.choices[0].message.tool_calls[0]
+    assert r.choices[0].finish_reason == "tool_calls" and call.type == "function" and call.id
+    assert call.function.name == "set_light" and json.loads(call.function.arguments)["room"] == "kitchen"
+    plain = client.chat.completions.create(model="x", messages=ask, tools=_tools(), tool_choice="required",
+                                           temperature=0, max_tokens=80, extra_body={"k": 0})
+    assert plain.choices[0].message.tool_calls[0].function == call.function
+    with client.chat.completions.stream(model="x", messages=ask, tools=_tools(), tool_choice="required",
+                                        temperature=0, max_tokens=80) as stream:
+        done = [e for e in stream if e.type == "tool_calls.function.arguments.done"]
+        final = stream.get_final_completion()
+    assert done and done[0].name == "set_light" and json.loads(done[0].arguments) == json.loads(call.function.arguments)
+    assert final.choices[0].message.tool_calls[0].function.name == "set_light"
+
+
+def test_a_call_its_result_and_the_answer(client):
+    messages = chat("What is the weather in Paris? Answer in one sentence.")
+    first = client.chat.completions.create(model="x", messages=messages, tools=_tools(), tool_choice="required",
+                                           temperature=0, max_tokens=80)
+    call = first.choices[0].message.tool_calls[0]
+    messages = messages + [first.choices[0].message.model_dump(exclude_none=True),
+                           {"role": "tool", "tool_call_id": call.id,
+                            "content": json.dumps({"city": "Paris", "temp_c": 14, "sky": "light rain"})}]
+    answer = client.chat.completions.create(model="x", messages=messages, tools=_tools(), temperature=0,
+                                            max_tokens=60)
+    msg = answer.choices[0].message
+    assert (msg.content and msg.content.strip()) or msg.tool_calls, answer
+
+
+def test_a_hermes_template_from_a_file(session_state):
+    from tests.test_tools import HERMES
+    path = os.path.join(os.environ["SPECGGUF_STATE"], "hermes.jinja")
+    with open(path, "w") as f:
+        f.write(HERMES)
+    s = Served("--chat-template-file", path)
+    try:
+        c = openai.OpenAI(base_url=s.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+        r = c.chat.completions.create(model="x", messages=chat("Turn off the light in the kitchen."), tools=_tools(),
+                                      tool_choice="required", temperature=0, max_tokens=80)
+        call = r.choices[0].message.tool_calls[0]
+        assert r.choices[0].finish_reason == "tool_calls" and call.function.name == "set_light"
+        bad = s.post("/v1/chat/completions", {"messages": chat("hi"), "tools": [{"type": "function"}]})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "tools"
+        assert c.chat.completions.create(model="x", messages=chat("hi"), max_tokens=4).choices[0].message.content
+    finally:
+        s.stop()
+    missing = subprocess.run([sys.executable, "-m", "specgguf", "serve", "--chat-template-file", path + ".none"],
+                             capture_output=True, text=True, timeout=120)
+    assert missing.returncode != 0 and "--chat-template-file" in missing.stderr and "Traceback" not in missing.stderr

@@ -15,8 +15,11 @@ provenance of its tokens, ``sources``), and under llama-server's
 
 Penalties, ``logit_bias``, ``grammar``, JSON ``response_format`` and
 ``logprobs`` work as in llama-cpp-python, applied to every verified row
-(:mod:`specgguf.ops.logits`). Arguments that would change the output and that
-specgguf does not implement (tools, mirostat, typical-p, ...) raise
+(:mod:`specgguf.ops.logits`). Chat takes ``tools``, ``tool_choice``,
+``parallel_tool_calls`` and the legacy ``functions``/``function_call``
+(:mod:`specgguf.api.tools`): the answer's ``message.tool_calls`` with
+``finish_reason: "tool_calls"``. Arguments that would change the output and
+that specgguf does not implement (mirostat, typical-p, ...) raise
 ``ValueError`` naming the argument; none is silently ignored.
 """
 
@@ -24,11 +27,12 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Callable, Dict, Iterator, List, Optional, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 from ..config import GenerationConfig
 from ..llama.text import check_messages
-from .request_fields import NEUTRAL_LLAMA, check_neutral, grammar_of, logprobs_of
+from .request_fields import NEUTRAL_LLAMA, TOOL_FIELDS, check_neutral, grammar_of, logprobs_of
+from .tools import ToolCalling, prepare_chat, tools_of
 
 
 def _fingerprint() -> str:
@@ -41,9 +45,9 @@ def _fingerprint() -> str:
 
 FINGERPRINT = _fingerprint()  # system_fingerprint: the package and its version
 
-IGNORED = {"mirostat_tau", "mirostat_eta", "model", "user", "stream_options", "penalize_nl", "parallel_tool_calls"}
+IGNORED = {"mirostat_tau", "mirostat_eta", "model", "user", "stream_options", "penalize_nl"}
 RULES = {"frequency_penalty", "presence_penalty", "repeat_penalty", "logit_bias", "grammar", "response_format",
-         "logprobs", "top_logprobs", "tool_choice"}
+         "logprobs", "top_logprobs", *TOOL_FIELDS}
 
 
 def check_unsupported(kwargs: Dict[str, Any]) -> None:
@@ -136,6 +140,7 @@ class CompletionMethods:
         specgguf extensions: ``k``, ``p_min``, ``drafter_invariant``."""
         ext = {k: kwargs.pop(k) for k in ("k", "p_min", "drafter_invariant") if k in kwargs}
         check_unsupported(kwargs)
+        tools_of(kwargs, chat=False)
         config = self._settings("completion", max_tokens, dict(
             temperature=temperature, top_p=top_p, min_p=min_p, top_k=top_k, stop=stop, seed=seed, **ext,
             **rule_settings(kwargs, chat=False)))
@@ -154,14 +159,21 @@ class CompletionMethods:
         """The assistant's reply to ``messages``, rendered by the GGUF's chat
         template, as ``llama_cpp.Llama.create_chat_completion`` returns it.
         ``temperature``, ``top_p``, ``top_k``, ``min_p``: None takes the
-        object's setting, else llama-cpp-python's (0.2, 0.95, 40, 0.05)."""
+        object's setting, else llama-cpp-python's (0.2, 0.95, 40, 0.05).
+        ``tools`` / ``tool_choice`` / ``parallel_tool_calls`` (or the legacy
+        ``functions`` / ``function_call``): the answer may call them
+        (:mod:`specgguf.api.tools`); streamed, a call comes whole in one
+        chunk's ``delta.tool_calls``."""
         ext = {k: kwargs.pop(k) for k in ("k", "p_min", "drafter_invariant") if k in kwargs}
         check_unsupported(kwargs)
+        calling, rules = tools_of(kwargs, chat=True), rule_settings(kwargs, chat=True)
+        ids, grammar, fmt = prepare_chat(self, check_messages(messages), calling, rules.pop("grammar", None))
+        if grammar is not None:
+            rules["grammar"] = grammar
         config = self._settings("chat", max_tokens, dict(
-            temperature=temperature, top_p=top_p, min_p=min_p, top_k=top_k, stop=stop, seed=seed, **ext,
-            **rule_settings(kwargs, chat=True)))
-        run = self.run(check_messages(messages), chat=True, config=config)
-        shape = Shapes("chatcmpl", kwargs.get("model") or self.names[0], self.piece)
+            temperature=temperature, top_p=top_p, min_p=min_p, top_k=top_k, stop=stop, seed=seed, **ext, **rules))
+        run = self.run(ids, config=config)
+        shape = Shapes("chatcmpl", kwargs.get("model") or self.names[0], self.piece, calling, fmt)
         if stream:
             return shape.chat_chunks(run)
         return shape.chat_response(_drain(run))
@@ -182,13 +194,32 @@ def _drain(run: Iterator) -> Any:
 class Shapes:
     """Response dicts of one call (llama-cpp-python's and OpenAI's shapes): one
     id, one creation time; ``piece(token) -> bytes`` names tokens in logprobs.
-    ``index`` picks the choice a result or chunk belongs to (``n`` > 1, list prompts)."""
+    ``index`` picks the choice a result or chunk belongs to (``n`` > 1, list prompts).
+    ``tools``, ``fmt``: the call's :class:`~specgguf.api.tools.ToolCalling`
+    and the template's tool format: answers are read for tool calls."""
 
-    def __init__(self, prefix: str, model: str, piece: Optional[Callable[[int], bytes]] = None) -> None:
+    def __init__(self, prefix: str, model: str, piece: Optional[Callable[[int], bytes]] = None,
+                 tools: Optional[ToolCalling] = None, fmt: str = "generic") -> None:
         self.id = f"{prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model = model
         self.piece = piece
+        self.tools, self.fmt = tools, fmt
+
+    def message(self, res) -> Tuple[dict, str]:
+        """A chat answer's message and finish reason: with tools, the calls
+        read from its text (``tool_calls``, or the legacy ``function_call``)."""
+        msg = {"role": "assistant", "content": res.text, "refusal": None}
+        if self.tools is None:
+            return msg, res.finish_reason
+        msg["content"], calls = self.tools.parse(res.text, self.fmt)
+        if not calls:
+            return msg, res.finish_reason
+        if self.tools.legacy:
+            msg["function_call"] = calls[0]["function"]
+            return msg, "function_call"
+        msg["tool_calls"] = calls
+        return msg, "tool_calls"
 
     def head(self, kind: str) -> dict:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model,
@@ -232,8 +263,8 @@ class Shapes:
                 "finish_reason": res.finish_reason}
 
     def chat_choice(self, res, index: int = 0) -> dict:
-        return {"index": index, "message": {"role": "assistant", "content": res.text, "refusal": None},
-                "logprobs": self.chat_logprobs(res.logprobs), "finish_reason": res.finish_reason}
+        msg, finish = self.message(res)
+        return {"index": index, "message": msg, "logprobs": self.chat_logprobs(res.logprobs), "finish_reason": finish}
 
     def response(self, results: List, chat: bool, prefix: str = "") -> dict:
         """One response with a choice per result (their order is their index)."""
@@ -255,7 +286,9 @@ class Shapes:
         """Stream chunks of ``(choice index, text piece or result)`` items:
         first a role chunk per choice (chat; ``content: null`` as
         llama-server sends it) or the echoed prompt (text), then one chunk
-        per piece, then each choice's last chunk with its finish reason."""
+        per piece, then each choice's last chunk with its finish reason.
+        With tools the answer is read whole first: its content, or its calls
+        in one ``delta.tool_calls`` chunk, come just before the last chunk."""
         kind = "chat.completion.chunk" if chat else "text_completion"
 
         def chunk(index, text, finish, lp=None, delta=None):
@@ -268,15 +301,28 @@ class Shapes:
                 yield chunk(i, None, None, delta={"role": "assistant", "content": None})
             elif prefix:
                 yield chunk(i, prefix, None)
+        held = chat and self.tools is not None  # the answer is read whole for its calls
         for i, item in items:
             if isinstance(item, str):
+                if held:
+                    continue
                 entries = getattr(item, "logprobs", None)
                 lp = self.chat_logprobs(entries) if chat else self.text_logprobs(entries, offsets[i])
                 offsets[i] += len(item)
                 yield {**chunk(i, str(item), None, lp), "speculation": {"sources": list(getattr(item, "sources", []))}}
-            else:  # the last chunk: this choice's stats (its tokens' sources came with their pieces)
-                yield {**chunk(i, None, item.finish_reason), "speculation": speculation(item.stats, []),
-                       "timings": timings(item.stats)}
+                continue
+            finish = item.finish_reason
+            if held:
+                msg, finish = self.message(item)
+                if msg["content"]:
+                    yield chunk(i, msg["content"], None)
+                if "tool_calls" in msg:
+                    yield chunk(i, None, None, delta={"tool_calls": [{"index": j, **c}
+                                                                     for j, c in enumerate(msg["tool_calls"])]})
+                elif "function_call" in msg:
+                    yield chunk(i, None, None, delta={"function_call": msg["function_call"]})
+            # the last chunk: this choice's stats (its tokens' sources came with their pieces)
+            yield {**chunk(i, None, finish), "speculation": speculation(item.stats, []), "timings": timings(item.stats)}
 
     def text_chunks(self, run: Iterator, prefix: str = "") -> Iterator[dict]:
         return self.chunks(((0, item) for item in run), False, 1, prefix)

@@ -2,8 +2,8 @@
 llama-cpp-python's ``create_*completion`` keywords (:mod:`specgguf.api.completions`)
 and the server's request bodies (:mod:`specgguf.serve.openai_api`).
 
-Which arguments are accepted only at the value that means "not used" (tools,
-mirostat, typical-p, ...: anything else would change the output, so it is
+Which arguments are accepted only at the value that means "not used" (mirostat,
+typical-p, ...: anything else would change the output, so it is
 refused by name, never ignored), and how the ones that become settings are
 read: the one grammar a call may ask for (``grammar``, a JSON
 ``response_format`` or llama-server's ``json_schema``), and ``logprobs``
@@ -32,11 +32,11 @@ class Unsupported(FieldError):
 
 
 # Accepted only at the value that means "not used", on both surfaces, and on each alone.
-NEUTRAL = {"suffix": None, "typical_p": 1.0, "tfs_z": 1.0, "mirostat_mode": 0, "tools": None,
-           "functions": None, "function_call": None}
+NEUTRAL = {"suffix": None, "typical_p": 1.0, "tfs_z": 1.0, "mirostat_mode": 0}
 NEUTRAL_LLAMA = {**NEUTRAL, "stopping_criteria": None, "logits_processor": None, "n": 1}
-NEUTRAL_HTTP = {**NEUTRAL, "best_of": 1, "parallel_tool_calls": None}
-TOOL_CHOICES = (None, "none", "auto")  # what tool_choice may be without tool calling
+NEUTRAL_HTTP = {**NEUTRAL, "best_of": 1}
+# Tool calling's fields (read by :mod:`specgguf.api.tools`): chat only.
+TOOL_FIELDS = ("tools", "functions", "function_call", "tool_choice", "parallel_tool_calls")
 GRAMMARS = ("grammar", "response_format", "json_schema")
 
 
@@ -47,16 +47,13 @@ def _unused(value: Any, neutral: Any = None) -> bool:
 
 def check_neutral(args: Mapping[str, Any], table: Mapping[str, Any]) -> None:
     """Raise :class:`Unsupported` for an argument of ``table`` (NEUTRAL_LLAMA
-    or NEUTRAL_HTTP) set to anything but its neutral value, and for a
-    ``tool_choice`` that asks for tools. A long value (a tools list) is
-    named, not repeated."""
+    or NEUTRAL_HTTP) set to anything but its neutral value. A
+    long value (a list) is named, not repeated."""
     for name, neutral in table.items():
         value = args.get(name)
         if not _unused(value, neutral):
             shown = f"a list of {len(value)}" if isinstance(value, (list, tuple)) else repr(value)[:60]
             raise Unsupported(name, f"{name}={shown} is not supported by specgguf (only {neutral!r} or absent)")
-    if args.get("tool_choice") not in TOOL_CHOICES:
-        raise Unsupported("tool_choice", 'tool_choice: specgguf does not call tools (only "none" or "auto")')
 
 
 def grammar_of(args: Mapping[str, Any]) -> Optional[str]:

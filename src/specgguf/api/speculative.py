@@ -29,6 +29,7 @@ from ..llama.text import Prompt
 from ..ops.sampling import Sampler
 from .output import GenerationResult
 from .run import Runner
+from .tools import tool_format
 
 
 _SETTINGS = frozenset(f.name for f in fields(GenerationConfig))
@@ -62,6 +63,9 @@ class SpeculativeLlama(CompletionMethods):
         store: where learned state lives (default: :func:`specgguf.state.state_dir`).
         parallel: slots, generations that run together in shared rounds
             (:meth:`generate_many`, the server); 1: one at a time.
+        chat_template: a Jinja chat template's text to use instead of the
+            GGUF's (``serve --chat-template-file``); its tool format is the
+            one tool calls are written and read in (:mod:`specgguf.api.tools`).
         **settings: generation settings (``max_tokens``, ``temperature``,
             ``k``, ... as :class:`GenerationConfig`) that become this object's
             defaults, e.g. ``SpeculativeLlama(t, d, k=0)``.
@@ -97,10 +101,16 @@ class SpeculativeLlama(CompletionMethods):
     def n_ctx(self) -> int:
         return self.pair.n_ctx
 
-    def tokenize(self, prompt: Prompt, chat: bool = False) -> List[int]:
+    def tokenize(self, prompt: Prompt, chat: bool = False, tools: Optional[List[dict]] = None) -> List[int]:
         """Prompt ids: a string through the target's tokenizer, chat messages
-        through the GGUF's chat template, or token ids checked and passed on."""
-        return self.pair.text.encode(prompt, chat)
+        through the chat template (``tools``: declarations it renders), or
+        token ids checked and passed on."""
+        return self.pair.text.encode(prompt, chat, tools)
+
+    @property
+    def tool_format(self) -> str:
+        """How this pair's chat template writes tool calls (:func:`specgguf.api.tools.tool_format`)."""
+        return tool_format(self.pair.text.template_text())
 
     def piece(self, token: int) -> bytes:
         """A token's bytes, special tokens spelled out (for logprobs)."""

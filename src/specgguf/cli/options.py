@@ -64,6 +64,10 @@ def add_model_args(ap: argparse.ArgumentParser) -> None:
                     "layers on them (see `python -m specgguf rpc-server --help`)")
     ap.add_argument("--draft-rpc", action="store_true", help="with --rpc: put the draft on the workers too")
     ap.add_argument("--tensor-split", help="with --rpc: comma-separated share of layers per worker")
+    ap.add_argument("--chat-template-file", metavar="FILE",
+                    help="a Jinja chat template to use instead of the GGUF's (e.g. one that renders tools: "
+                    "tool calls are then written and read in its format, Hermes <tool_call>, Mistral "
+                    "[TOOL_CALLS] or Llama 3 JSON; others get a generic JSON format)")
     ap.add_argument("--verbose", action="store_true", help="show llama.cpp's own logs")
 
 
@@ -161,8 +165,18 @@ def load_pair(args: argparse.Namespace, **kw):
     from ..api.speculative import SpeculativeLlama
     target, draft = pair_names(args)
     split = [float(x) for x in args.tensor_split.split(",")] if args.tensor_split else None
+    template = None
+    if args.chat_template_file:
+        try:
+            with open(args.chat_template_file, encoding="utf-8") as f:
+                template = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise OSError(f"--chat-template-file {args.chat_template_file}: "
+                          f"{getattr(e, 'strerror', None) or e}") from None
+        if not template.strip():
+            raise ValueError(f"--chat-template-file {args.chat_template_file} is empty")
     return SpeculativeLlama(target, draft, lookup=args.lookup, lookup_memory=args.lookup_memory,
                             n_ctx=args.ctx, n_threads=args.threads,
                             flash_attn=args.flash_attn,
                             verbose=args.verbose, rpc=args.rpc, draft_rpc=args.draft_rpc,
-                            tensor_split=split, **kw)
+                            tensor_split=split, chat_template=template, **kw)

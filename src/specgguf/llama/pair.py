@@ -90,7 +90,9 @@ class ModelPair:
                  n_threads: Optional[int] = None, verbose: bool = False,
                  rpc: Union[None, str, Sequence[str]] = None, draft_rpc: bool = False,
                  tensor_split: Optional[Sequence[float]] = None, store: Optional[Store] = None,
-                 flash_attn: bool = True, parallel: int = 1) -> None:
+                 flash_attn: bool = True, parallel: int = 1, chat_template: Optional[str] = None) -> None:
+        if chat_template is not None and (not isinstance(chat_template, str) or not chat_template.strip()):
+            raise ValueError("chat_template must be the text of a Jinja chat template")
         model_free = isinstance(draft, str) and draft == "ngram"
         if lookup and model_free:
             raise ValueError("lookup=True adds a lookup in front of a draft model; draft='ngram' already is one")
@@ -140,7 +142,7 @@ class ModelPair:
             self.draft_model = (CrossDrafter(dmodel, self.mode.target, self.mode.draft, self.mode.vmap) if cross
                                 else ModelDrafter(dmodel))
             self.drafter = self.draft_model
-        self.text = PromptEncoder(self.target_llm, self.names[0])
+        self.text = PromptEncoder(self.target_llm, self.names[0], chat_template)
         self.eog = eog_tokens(self.target_llm)
         self.state = self._state(store or Store(), [tpath] + ([dpath] if dpath else []), model_free)
 

@@ -10,6 +10,7 @@ it, wherever it falls), or at the length limit.
 from __future__ import annotations
 
 import codecs
+import json
 from typing import Callable, Collection, List, Optional, Sequence, Union
 
 Prompt = Union[str, Sequence[int], List[dict]]
@@ -23,7 +24,10 @@ def is_messages(prompt: object) -> bool:
 
 
 def check_messages(messages: object) -> List[dict]:
-    """Chat messages as ``[{"role": ..., "content": str}, ...]``, or a clear error."""
+    """Chat messages as ``[{"role": ..., "content": str}, ...]``, or a clear
+    error. An assistant message may carry OpenAI ``tool_calls`` (its content
+    then may be null; each call's ``arguments`` kept as a JSON string), a
+    tool result its ``tool_call_id`` and ``name``."""
     if not isinstance(messages, (list, tuple)) or not messages:
         raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
     out = []
@@ -41,7 +45,31 @@ def check_messages(messages: object) -> List[dict]:
             content = ""
         if not isinstance(content, str):
             raise TypeError(f"messages[{i}].content must be a string, got {type(content).__name__}")
-        out.append({"role": role, "content": content})
+        msg = {"role": role, "content": content}
+        if role == "assistant" and m.get("tool_calls"):
+            msg["tool_calls"] = _tool_calls(m["tool_calls"], f"messages[{i}].tool_calls")
+        for key in ("tool_call_id", "name"):
+            if role == "tool" and isinstance(m.get(key), str):
+                msg[key] = m[key]
+        out.append(msg)
+    return out
+
+
+def _tool_calls(calls: object, where: str) -> List[dict]:
+    """Earlier calls as OpenAI writes them, arguments as JSON text."""
+    if not isinstance(calls, (list, tuple)):
+        raise ValueError(f"{where} must be a list")
+    out = []
+    for j, c in enumerate(calls):
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise ValueError(f'{where}[{j}] must be {{"type": "function", "function": {{"name": ..., "arguments": ...}}}}')
+        args = fn.get("arguments")
+        args = json.dumps(args, ensure_ascii=False) if isinstance(args, dict) else (args or "{}")
+        if not isinstance(args, str):
+            raise ValueError(f"{where}[{j}].function.arguments must be a JSON string")
+        out.append({"id": str(c.get("id") or f"call_{j}"), "type": "function",
+                    "function": {"name": fn["name"], "arguments": args}})
     return out
 
 
@@ -53,15 +81,19 @@ class PromptEncoder:
         name: how errors name the model.
     """
 
-    def __init__(self, llm, name: str) -> None:
-        self.llm, self.name = llm, name
+    def __init__(self, llm, name: str, template: Optional[str] = None) -> None:
+        self.llm, self.name, self.template = llm, name, template
         self.n_vocab = llm.n_vocab()
         self._formatter = None
+
+    def template_text(self) -> Optional[str]:
+        """The chat template: the one given (``--chat-template-file``) or the GGUF's; None if neither."""
+        return self.template or self.llm.metadata.get("tokenizer.chat_template") or None
 
     def chat_template(self):
         if self._formatter is None:
             from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-            template = self.llm.metadata.get("tokenizer.chat_template")
+            template = self.template_text()
             if not template:
                 raise ValueError(f"{self.name} has no chat template in its GGUF metadata (a base model?): "
                                  "give it text to continue, not chat messages or --chat")
@@ -71,18 +103,24 @@ class PromptEncoder:
                                                   add_generation_prompt=True)
         return self._formatter
 
-    def encode(self, prompt: Prompt, chat: bool = False) -> List[int]:
+    def encode(self, prompt: Prompt, chat: bool = False, tools: Optional[List[dict]] = None) -> List[int]:
         """Text (BOS added as the model specifies), token ids (checked), or with
         ``chat=True`` (or given messages) role/content messages rendered by the
-        GGUF's chat template; a string with ``chat=True`` is one user message,
-        as the CLI's ``--chat`` makes it. An empty result is an error."""
+        chat template (``tools``: OpenAI tool declarations the template
+        renders); a string with ``chat=True`` is one user message, as the
+        CLI's ``--chat`` makes it. An empty result is an error."""
         if chat and isinstance(prompt, str):
             prompt = [{"role": "user", "content": prompt}]
         if chat or is_messages(prompt):
             if chat and not is_messages(prompt) and not isinstance(prompt, (list, tuple)):
                 raise TypeError("chat=True takes a string (one user message) or a list of "
                                 "{'role': ..., 'content': ...} messages")
-            text = self.chat_template()(messages=check_messages(prompt)).prompt
+            try:
+                text = self.chat_template()(messages=check_messages(prompt), tools=tools or None).prompt
+            except ValueError:
+                raise
+            except Exception as e:  # jinja2's errors: the template cannot render these messages
+                raise ValueError(f"the chat template cannot render these messages: {type(e).__name__}: {e}") from None
             ids = self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
         elif isinstance(prompt, str):
             ids = self.llm.tokenize(prompt.encode("utf-8", "replace"), add_bos=True, special=False)

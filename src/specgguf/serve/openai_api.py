@@ -6,9 +6,10 @@ with the offending ``param``: the server answers it as a 400 with
 ``{"error": {"message", "type", "param", "code"}}``. Penalties,
 ``logit_bias``, ``response_format`` (JSON object or schema), ``grammar``,
 llama-server's ``json_schema``, ``logprobs``/``top_logprobs``, ``n`` and a
-list ``prompt`` become settings; fields that would change the output and
-that specgguf does not implement (tools, mirostat, ...) are refused by name
-(``code: "unsupported_parameter"``), never ignored.
+list ``prompt`` become settings; a chat's ``tools`` and their fields a
+:class:`~specgguf.api.tools.ToolCalling`; fields that would change the
+output and that specgguf does not implement (mirostat, ...) are refused by
+name (``code: "unsupported_parameter"``), never ignored.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from typing import Any, List, Optional, Union
 
 from ..config import GenerationConfig
 from ..llama.text import check_messages
-from ..api.request_fields import NEUTRAL_HTTP, FieldError, Unsupported, check_neutral, grammar_of, logprobs_of
+from ..api.request_fields import (NEUTRAL_HTTP, TOOL_FIELDS, FieldError, Unsupported, check_neutral, grammar_of,
+                                  logprobs_of)
+from ..api.tools import ToolCalling, tools_of
 
 
 class BadRequest(ValueError):
@@ -46,7 +49,7 @@ SAMPLING = {"max_tokens": "max_tokens", "max_completion_tokens": "max_tokens", "
             "repeat_penalty": "repeat_penalty", "repeat_last_n": "penalty_last_n", "logit_bias": "logit_bias",
             "grammar": "grammar"}
 COMMON = set(NEUTRAL_HTTP) | IGNORED | set(SAMPLING) | {"stream", "stream_options", "response_format", "json_schema",
-                                                    "n", "logprobs", "tool_choice"}
+                                                    "n", "logprobs", *TOOL_FIELDS}
 FIELDS = {"completions": COMMON | {"prompt", "echo"}, "chat": COMMON | {"messages", "top_logprobs"}}
 N_MAX = 16  # choices per request
 
@@ -65,6 +68,8 @@ class Call:
     model: Optional[str] = None
     n: int = 1
     ids: List[List[int]] = field(default_factory=list)  # each prompt's tokens, once the server has them
+    tools: Optional[ToolCalling] = None  # a chat's tools (specgguf.api.tools)
+    fmt: str = "generic"                 # the template's tool format, once the server has read it
 
     @property
     def prompt(self):
@@ -137,6 +142,7 @@ def parse(body: Any, kind: str, defaults: GenerationConfig) -> Call:
         raise BadRequest(f"unrecognized request argument supplied: {unknown[0]}", unknown[0])
     try:
         check_neutral(body, NEUTRAL_HTTP)
+        tools = tools_of(body, kind == "chat")
     except FieldError as e:
         raise _field_error(e) from None
     stream = body.get("stream", False)
@@ -158,4 +164,4 @@ def parse(body: Any, kind: str, defaults: GenerationConfig) -> Call:
         raise BadRequest(f"{len(prompts)} prompts x n={n} is more than {N_MAX} choices", "n")
     model = body.get("model")
     return Call(kind, prompts, _config(body, kind, defaults), stream, bool(opts.get("include_usage")),
-                echo, model if isinstance(model, str) else None, n)
+                echo, model if isinstance(model, str) else None, n, tools=tools)

@@ -35,12 +35,15 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import AsyncIterator, Iterator, Optional, Sequence
 
 import anyio
 
 from ..api.speculative import merge
 from ..api.completions import Shapes
+from ..api.request_fields import FieldError
+from ..api.tools import prepare_chat
 from .openai_api import BadRequest, Call, error_body, parse
 
 
@@ -127,7 +130,13 @@ class Server:
         prompt too long for the context, a grammar llama.cpp cannot parse)."""
         param = "messages" if call.kind == "chat" else "prompt"
         try:
-            call.ids = [self.llm.tokenize(p, chat=call.kind == "chat") for p in call.prompts]
+            if call.kind == "chat":  # one conversation: its template, tools and tool grammar
+                ids, grammar, call.fmt = prepare_chat(self.llm, call.prompt, call.tools, call.config.grammar)
+                call.ids, call.config = [ids], replace(call.config, grammar=grammar)
+            else:
+                call.ids = [self.llm.tokenize(p) for p in call.prompts]
+        except FieldError as e:
+            raise BadRequest(str(e), e.field) from None
         except (TypeError, ValueError) as e:
             raise BadRequest(str(e), param) from None
         for ids in call.ids:
@@ -138,7 +147,7 @@ class Server:
             try:
                 self.llm.check_grammar(call.config.grammar)
             except ValueError as e:
-                raise BadRequest(str(e), "grammar") from None
+                raise BadRequest(str(e), "tools" if call.tools else "grammar") from None
 
 
 def _sse(obj) -> bytes:
@@ -230,7 +239,8 @@ async def _generate(request, kind: str):
     except BadRequest as e:
         server.log(e.status, request.url.path, None, None, time.perf_counter() - t0)
         return _error(e)
-    shapes = Shapes("chatcmpl" if kind == "chat" else "cmpl", call.model or server.model_id, server.llm.piece)
+    shapes = Shapes("chatcmpl" if kind == "chat" else "cmpl", call.model or server.model_id, server.llm.piece,
+                    call.tools, call.fmt)
     if call.stream:
         return StreamingResponse(_stream(server, request, call, shapes, t0), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
