@@ -72,6 +72,10 @@ def command(config: str, port: int, target: Path, draft: Path, args, n_slots: in
                "-np", str(n_slots), "--host", "127.0.0.1", "--port", str(port), "--no-webui"]
         if config == "ls-draft":
             cmd += ["-md", str(draft), "-td", t, "--spec-draft-n-max", str(args.draft_n_max)]
+        if config == "ls-ngram":  # llama.cpp's model-free n-gram draft
+            cmd += ["--spec-type", "ngram-mod", "--spec-draft-n-max", str(args.draft_n_max)]
+        if getattr(args, "jinja", False):  # the GGUF's template, tools and all (bench/agent.py)
+            cmd += ["--jinja"]
         return cmd
     cmd = [sys.executable, "-m", "specgguf", "serve", "--target", str(target), "--draft", str(draft),
            "--threads", t, "--ctx", str(args.ctx), "--port", str(port), "--parallel", str(n_slots)]
