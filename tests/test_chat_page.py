@@ -105,3 +105,27 @@ def test_the_page_streams_a_chat_and_colours_the_drafts_tokens(served, browser, 
     shot = os.path.join(out, "chat_page.png")
     time.sleep(0.2)
     assert browser.save_screenshot(shot) and os.path.getsize(shot) > 10_000
+
+
+def test_the_page_shows_a_call_and_sends_its_result_back(served, browser):
+    from tests.test_tools import TOOLS
+    import json
+    browser.find_element(By.ID, "clear").click()
+    browser.find_element(By.CSS_SELECTOR, "#toolsbox summary").click()
+    browser.find_element(By.ID, "tools").send_keys(json.dumps(TOOLS))
+    browser.find_element(By.CSS_SELECTOR, "#toolchoice option[value=required]").click()
+    browser.find_element(By.ID, "prompt").send_keys("Turn off the light in the kitchen.")
+    browser.find_element(By.ID, "send").click()
+    wait = WebDriverWait(browser, 120)
+    wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, ".call input"))
+    call = browser.find_element(By.CSS_SELECTOR, ".call")
+    assert "calls set_light(" in call.text and '"kitchen"' in call.text
+    assert browser.find_element(By.CSS_SELECTOR, ".msg.assistant").get_attribute("data-finish") == "tool_calls"
+    browser.find_element(By.CSS_SELECTOR, "#toolchoice option[value=none]").click()
+    call.find_element(By.TAG_NAME, "input").send_keys('{"ok": true}')
+    call.find_element(By.TAG_NAME, "button").click()
+    wait.until(lambda b: len(b.find_elements(By.CSS_SELECTOR, ".msg.assistant[data-state=done]")) == 2)
+    assert browser.find_element(By.CSS_SELECTOR, ".msg.tool").text.endswith('{"ok": true}')
+    last = browser.find_elements(By.CSS_SELECTOR, ".msg.assistant")[-1]
+    assert not last.find_elements(By.CSS_SELECTOR, ".error"), last.text
+    assert last.get_attribute("data-finish") in ("stop", "length") and spans(browser)
