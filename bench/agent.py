@@ -9,7 +9,8 @@ function)``, ``search_docs(module, words)``. Each task asks about one
 module's function (picked with a fixed seed) and runs a fixed plan of
 turns: two turns that must call a tool (``tool_choice="required"``), then
 an answer (``"none"``); whatever the model calls is run, a bad call gets an
-error text back, as an agent framework does.
+error text back, as an agent framework does (a turn with no call where one
+was required is followed by the user's "Use the tools.").
 
 Configurations, each in fresh processes taken in turns: ``sg`` (specgguf's
 defaults), ``sg-k0`` (its plain decoding), ``ls`` (llama-server, no draft),
@@ -18,10 +19,14 @@ binary has it). Per configuration: the median over turns of tokens per
 second (completion tokens over the turn's whole time, the re-sent context
 included) and of seconds per turn, with ranges over processes; the ratio
 to the best llama-server configuration of the same sitting; and whether
-specgguf's transcript equals its own ``-k 0`` one (greedy: it must).
+specgguf's transcript equals its own ``-k 0`` one (greedy: it must); and
+how many turns that required a call made one (the servers write different
+texts: a server that answers in words where a call was required writes
+longer turns, so its tok/s is not the same work).
 Regime: one client, greedy, the models given, this machine.
 
     .venv/bin/python bench/agent.py --tasks 3 --procs 2
+    .venv/bin/python bench/agent.py --chat-template-file examples/templates/hermes-tools.jinja
 """
 
 from __future__ import annotations
@@ -101,7 +106,8 @@ def tasks(n: int, seed: int) -> list:
 
 
 def agent(url: str, task: str, tokens: int) -> tuple:
-    """One task's loop: ``([(completion tokens, seconds)] per turn, transcript)``."""
+    """One task's loop: ``([(completion tokens, seconds, call required, call made)]
+    per turn, transcript)``."""
     import openai
     client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
     messages = [{"role": "user", "content": task}]
@@ -110,8 +116,9 @@ def agent(url: str, task: str, tokens: int) -> tuple:
         t0 = time.perf_counter()
         r = client.chat.completions.create(model="m", messages=messages, tools=TOOLS, tool_choice=choice,
                                            temperature=0, max_tokens=tokens, seed=1)
-        turns.append((r.usage.completion_tokens, time.perf_counter() - t0))
         msg = r.choices[0].message
+        turns.append((r.usage.completion_tokens, time.perf_counter() - t0,
+                      choice == "required", bool(msg.tool_calls)))
         calls = [{"id": c.id, "type": "function", "function": {"name": c.function.name,
                                                                "arguments": c.function.arguments}}
                  for c in msg.tool_calls or []]
@@ -119,6 +126,8 @@ def agent(url: str, task: str, tokens: int) -> tuple:
         for c in calls:
             messages.append({"role": "tool", "tool_call_id": c["id"],
                              "content": run_tool(c["function"]["name"], c["function"]["arguments"])})
+        if not calls:  # no call where one was required: the loop goes on as a user would push it
+            messages.append({"role": "user", "content": "Use the tools."})
     transcript = [(m["role"], m.get("content"), [c["function"] for c in m.get("tool_calls", [])]) for m in messages]
     return turns, transcript
 
@@ -139,6 +148,8 @@ def main() -> None:
     ap.add_argument("--draft-n-max", type=int, default=16)
     ap.add_argument("--configs", default="sg,sg-k0,ls,ls-draft,ls-ngram")
     ap.add_argument("--llama-server", help="llama-server binary (default: scripts/build_llama_server.sh)")
+    ap.add_argument("--chat-template-file", help="a chat template for both servers (default: the GGUF's; "
+                    "examples/templates/hermes-tools.jinja renders tools for ChatML models)")
     ap.add_argument("--target", help="target GGUF (default: the default pair's)")
     ap.add_argument("--draft", help="draft GGUF (default: the default pair's)")
     args = ap.parse_args()
@@ -155,7 +166,7 @@ def main() -> None:
     rates = {c: [] for c in configs}
     seconds = {c: [] for c in configs}
     per_proc = {c: [] for c in configs}
-    transcripts = {}
+    transcripts, calls = {}, {}
     with httpx.Client(timeout=600) as http:
         for p in range(args.procs):
             for c in configs:
@@ -165,9 +176,10 @@ def main() -> None:
                         t, tr = agent(url, task, args.tokens)
                         turns += t
                         texts.append(tr)
-                rates[c] += [n / s for n, s in turns if n]
-                seconds[c] += [s for _, s in turns]
-                per_proc[c].append(statistics.median(n / s for n, s in turns if n))
+                rates[c] += [n / s for n, s, _, _ in turns if n]
+                seconds[c] += [s for _, s, _, _ in turns]
+                per_proc[c].append(statistics.median(n / s for n, s, _, _ in turns if n))
+                calls[c] = (sum(made for _, _, req, made in turns if req), sum(req for _, _, req, _ in turns))
                 transcripts.setdefault(c, texts)
                 print(f"  process {p + 1}/{args.procs} {c}: {per_proc[c][-1]:.1f} tok/s per turn (median)",
                       file=sys.stderr, flush=True)
@@ -175,12 +187,13 @@ def main() -> None:
     print(f"agent loop: {args.tasks} tasks x {len(PLAN)} turns ({', '.join(PLAN)}), <= {args.tokens} tokens a turn, "
           f"greedy, {args.procs} fresh processes per configuration, {target.name} / {draft.name}, "
           f"{args.threads} threads")
-    print(f"{'config':10} {'tok/s per turn':>15} {'range (processes)':>18} {'s per turn':>11} {'vs ls best':>11}")
+    print(f"{'config':10} {'tok/s per turn':>15} {'range (processes)':>18} {'s per turn':>11} {'vs ls best':>11} "
+          f"{'calls made where required':>26}")
     for c in configs:
         r = statistics.median(rates[c])
         ratio = f"{r / ls_best:.2f}x" if ls_best else "-"
         print(f"{c:10} {r:15.1f} {min(per_proc[c]):8.1f}-{max(per_proc[c]):<9.1f} "
-              f"{statistics.median(seconds[c]):11.2f} {ratio:>11}")
+              f"{statistics.median(seconds[c]):11.2f} {ratio:>11} {calls[c][0]:>19} of {calls[c][1]}")
     if "sg" in transcripts and "sg-k0" in transcripts:
         same = sum(a == b for a, b in zip(transcripts["sg"], transcripts["sg-k0"]))
         print(f"specgguf's transcripts equal to its -k 0: {same} of {len(work)}")

@@ -76,9 +76,13 @@ def command(config: str, port: int, target: Path, draft: Path, args, n_slots: in
             cmd += ["--spec-type", "ngram-mod", "--spec-draft-n-max", str(args.draft_n_max)]
         if getattr(args, "jinja", False):  # the GGUF's template, tools and all (bench/agent.py)
             cmd += ["--jinja"]
+        if getattr(args, "chat_template_file", None):
+            cmd += ["--chat-template-file", args.chat_template_file]
         return cmd
     cmd = [sys.executable, "-m", "specgguf", "serve", "--target", str(target), "--draft", str(draft),
            "--threads", t, "--ctx", str(args.ctx), "--port", str(port), "--parallel", str(n_slots)]
+    if getattr(args, "chat_template_file", None):
+        cmd += ["--chat-template-file", args.chat_template_file]
     return cmd + (["-k", "0"] if config == "sg-k0" else [])
 
 
