@@ -43,6 +43,7 @@ from typing import Deque, FrozenSet, List, Optional, Sequence
 import numpy as np
 
 from .decoder import DecoderStats
+from .lookup_first import FROM_DRAFT, FROM_LOOKUP, FROM_TARGET
 from .policy import Measured, Policy, SlotView
 from ..ops.drafter import Draft, common_prefix
 from ..llama.adapter import SlotDrafter, prompt_rows
@@ -99,12 +100,12 @@ class Ticket:
         d_lag = draft.lag(self.ids, self.slot) if draft is not None else 0
         return SlotView(self.regime, max(0, cap), self.k is not None, t_lag, d_lag, remaining, self.after_miss, self.slot)
 
-    def emit(self, tokens: Sequence[int], n_draft: int, source: int = 1) -> bool:
+    def emit(self, tokens: Sequence[int], n_draft: int, source: int = FROM_DRAFT) -> bool:
         """Hand ``tokens`` (the first ``n_draft`` accepted drafts, from ``source``:
-        1 a draft model, 2 a lookup) to the caller; True when the request is done."""
+        FROM_DRAFT or FROM_LOOKUP) to the caller; True when the request is done."""
         for i, t in enumerate(tokens):
             self.ids.append(t)
-            self.stats.emit(source if i < n_draft else 0)
+            self.stats.emit(source if i < n_draft else FROM_TARGET)
             self.queue.put(t)
             if t in self.stops:
                 self.stats.finish_reason = "stop"
@@ -313,7 +314,7 @@ class Engine:
                 t.stats.record(len(d.tokens), n, d.stop if d.tokens else None, seconds=(t1 - t0, t2 - t1))
                 (self.lookup_policy if i in looked else self.policy).observe(t.regime, len(d.tokens), n, t.after_miss)
                 t.after_miss = n < len(d.tokens)  # a plain round ends a run of misses
-                source = 2 if i in looked or self.drafter is None else 1
+                source = FROM_LOOKUP if i in looked or self.drafter is None else FROM_DRAFT
                 if t.emit(d.tokens[:n] + [nxt], n, source) and self.slots.holds(t):
                     self.slots.free(t, _END)
             drafted = [len(d.tokens) for d in drafts]

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..checks import check_int, check_p_min
 from ..ops.drafter import Draft, Drafter, CallbackDrafter
-from .lookup_first import LookupFirst, Turn, measured, next_turn, report
+from .lookup_first import FROM_DRAFT, FROM_LOOKUP, FROM_TARGET, LookupFirst, Turn, measured, next_turn, report
 from .policy import Policy, SlotView
 from ..ops.sampling import Sampler
 from ..ops.verify import GeneratorLike
@@ -105,13 +105,13 @@ class DecoderStats:
             self.stop_reasons[stop] = self.stop_reasons.get(stop, 0) + 1
 
     def emit(self, source: int) -> None:
-        """Count one emitted token and where it came from (0 the target, 1 the draft, 2 a lookup)."""
+        """Count one emitted token and where it came from (FROM_TARGET, FROM_DRAFT or FROM_LOOKUP)."""
         self.emitted += 1
         self.from_draft.append(int(source))
 
     def by_source(self) -> Dict[str, int]:
         """Emitted tokens per source: ``{"target": n, "draft": n, "lookup": n}``."""
-        return {name: self.from_draft.count(i) for i, name in enumerate(SOURCES)}
+        return {name: self.from_draft.count(i) for i, name in SOURCES.items()}
 
     def as_dict(self) -> dict:
         """Plain dict of every count and derived rate (for JSON output;
@@ -129,7 +129,7 @@ class DecoderStats:
         }
 
 
-SOURCES = ("target", "draft", "lookup")
+SOURCES = {FROM_TARGET: "target", FROM_DRAFT: "draft", FROM_LOOKUP: "lookup"}
 
 
 def sources(from_draft: bytes) -> List[str]:
@@ -235,7 +235,7 @@ class SpeculativeDecoder:
             after_miss = n < len(draft.tokens)
             for i, t in enumerate(draft.tokens[:n] + [nxt]):
                 prefix.append(t)
-                stats.emit(turn.source if i < n else 0)
+                stats.emit(turn.source if i < n else FROM_TARGET)
                 yield t
                 if t in stops:
                     stats.finish_reason = "stop"

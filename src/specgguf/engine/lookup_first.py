@@ -26,6 +26,9 @@ from typing import Optional, Sequence
 from ..ops.drafter import Draft, Drafter
 from .policy import Measured, Policy, SlotView
 
+# Where an emitted token came from (DecoderStats.emit; the API names them decoder.SOURCES).
+FROM_TARGET, FROM_DRAFT, FROM_LOOKUP = 0, 1, 2
+
 
 @dataclass
 class Turn:
@@ -39,7 +42,7 @@ class Turn:
     @property
     def source(self) -> int:
         """What its accepted tokens count as (:meth:`~specgguf.engine.decoder.DecoderStats.emit`)."""
-        return 2 if getattr(self.drafter, "model_free", False) else 1
+        return FROM_LOOKUP if getattr(self.drafter, "model_free", False) else FROM_DRAFT
 
 
 @dataclass
