@@ -37,13 +37,12 @@ import queue
 import threading
 import time
 from collections import deque
-from dataclasses import replace
 from typing import Deque, FrozenSet, List, Optional, Sequence
 
 import numpy as np
 
 from .decoder import DecoderStats
-from .lookup_first import FROM_DRAFT, FROM_LOOKUP, FROM_TARGET
+from .lookup_first import FROM_DRAFT, FROM_LOOKUP, FROM_TARGET, lookup_view
 from .policy import Measured, Policy, SlotView
 from ..ops.drafter import Draft, common_prefix
 from ..llama.adapter import SlotDrafter, prompt_rows
@@ -333,9 +332,7 @@ class Engine:
             return {}
         found = [i for i, (t, v) in enumerate(zip(active, views))
                  if v.cap > 0 and self.lookups[t.slot].propose(t.ids, 1).tokens]
-        k_max = self.lookup_policy.k_max
-        mine = [replace(views[i], draft_lag=0, cap=views[i].cap if views[i].fixed else
-                        min(k_max, views[i].remaining - 1)) for i in found]
+        mine = [lookup_view(views[i], views[i].cap if views[i].fixed else self.lookup_policy.k_max) for i in found]
         return {i: k for i, k in zip(found, self.lookup_policy.choose(mine) if mine else []) if k > 0}
 
     def _measure(self, active: Sequence[Ticket], logits: List[np.ndarray], measure: dict, forwards: list) -> dict:

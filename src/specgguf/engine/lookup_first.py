@@ -45,6 +45,13 @@ class Turn:
         return FROM_LOOKUP if getattr(self.drafter, "model_free", False) else FROM_DRAFT
 
 
+def lookup_view(view: SlotView, k_max: int) -> SlotView:
+    """A sequence as the lookup's policy sees it: nothing for the lookup to
+    catch up on, and the lookup's own bound ``k_max`` (LOOKUP_K_MAX, or a
+    fixed K) within what is left to generate."""
+    return replace(view, draft_lag=0, cap=k_max if view.remaining is None else min(k_max, view.remaining - 1))
+
+
 @dataclass
 class LookupFirst:
     """An n-gram lookup and its own K (``policy``, or the fixed ``k`` when None)."""
@@ -57,8 +64,7 @@ class LookupFirst:
         """The lookup's turn if it has a match for ``context`` and its K is not 0; None otherwise."""
         if not self.lookup.propose(context, 1).tokens:
             return None
-        k_max = self.policy.k_max if self.policy is not None else self.k  # its own bound (LOOKUP_K_MAX)
-        view = replace(view, draft_lag=0, cap=k_max if view.remaining is None else min(k_max, view.remaining - 1))
+        view = lookup_view(view, self.policy.k_max if self.policy is not None else self.k)
         k = self.policy.choose([view])[0] if self.policy is not None else view.cap
         return Turn(self.lookup, self.policy, k, view) if k > 0 else None
 
