@@ -29,6 +29,9 @@ BAD = [
     (dict(stop=5), TypeError, "stop must be a string or a list of strings"),
     (dict(stop=["a", 3]), TypeError, "stop must be a string or a list"),
     (dict(drafter_invariant="yes"), TypeError, "drafter_invariant must be True, False or None"),
+    (dict(grammar_trigger="<tool_call>"), ValueError, "grammar_trigger starts a grammar: set grammar too"),
+    (dict(grammar='root ::= "a"', grammar_trigger=""), ValueError, "grammar_trigger must be a non-empty string"),
+    (dict(grammar='root ::= "a"', grammar_trigger=5), ValueError, "grammar_trigger must be a non-empty string"),
 ]
 
 

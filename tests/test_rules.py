@@ -118,6 +118,18 @@ def test_invariant_seeds_with_rules_equal_plain():
 
 LANGUAGE = re.compile(r"a(ba)*b?")  # the prefixes of the grammar's sentences a(ba)*
 GBNF = 'root ::= "a" ("b" "a")*'
+# A lazy grammar, as a tool call's: the text is free until "ab" appears; from
+# there on it is "ab" then c's and 1's (so "a" + "bb" or "a" + "ba" is refused).
+LAZY_GBNF, TRIGGER = 'root ::= "ab" [c1]*', "ab"
+
+
+def lazy_prefix(text):
+    at = text.find(TRIGGER)
+    return at < 0 or re.fullmatch(r"ab[c1]*", text[at:]) is not None
+
+
+def language(lazy):
+    return lazy_prefix if lazy else (lambda text: LANGUAGE.fullmatch(text) is not None)
 
 
 @pytest.fixture(scope="module")
@@ -219,7 +231,21 @@ def test_grammar_mask_warps_as_the_full_mask(vocab_llm):
     g.close()
 
 
-def grammar_setup(vocab_llm, rule, seed, top_k=3):
+def compiled(vocab_llm, lazy):
+    """The test's grammar for the real vocabulary: GBNF, or LAZY_GBNF from its trigger on."""
+    from specgguf.llama.grammar import LazyStart, pieces
+    vocab, n = vocab_llm._model.vocab, vocab_llm.n_vocab()
+    if not lazy:
+        return Grammar(vocab, n, GBNF)
+    if id(vocab_llm) not in _STARTS:
+        _STARTS[id(vocab_llm)] = LazyStart(pieces(vocab, n), TRIGGER)
+    return Grammar(vocab, n, LAZY_GBNF, lazy=_STARTS[id(vocab_llm)])
+
+
+_STARTS = {}
+
+
+def grammar_setup(vocab_llm, rule, seed, top_k=3, lazy=False):
     """Synthetic logits over the real vocabulary: 8 candidate tokens carry
     the mass, their logits depending on the last token; the rest form a
     strictly decreasing tail far below."""
@@ -236,7 +262,7 @@ def grammar_setup(vocab_llm, rule, seed, top_k=3):
         row[cands] = table.get(last, table[0])
         return row
     sampler = Sampler(rule, (1.0, top_k, 1.0, 0.0), generator=seed, draft_generator=seed + 1, seed=seed, origin=1,
-                      rules=LogitRules(grammar=Grammar(vocab_llm._model.vocab, n, GBNF)))
+                      rules=LogitRules(grammar=compiled(vocab_llm, lazy)))
 
     class Drafter(MatrixDrafter):
         def propose(self, context, k, p_min=None):
@@ -256,13 +282,16 @@ def grammar_setup(vocab_llm, rule, seed, top_k=3):
                                                                 sampler=sampler)
 
 
+@pytest.mark.parametrize("lazy", [False, True])
 @pytest.mark.parametrize("rule, top_k", [("exact", 3), ("invariant", 0)])
-def test_grammar_law(vocab_llm, rule, top_k):
+def test_grammar_law(vocab_llm, rule, top_k, lazy):
     """Under a grammar, 2-token outputs follow the law of plain sampling from
     the tokens the language allows (checked by a regular expression, not by
     llama.cpp): exact p/q over the top 3; and the race over every token (no
-    top-k), which checks race winners instead of masking whole rows."""
-    cands, t_tab, logits, dec = grammar_setup(vocab_llm, rule, 5, top_k)
+    top-k), which checks race winners instead of masking whole rows. Also
+    for a grammar that starts at a trigger, as a tool call's does."""
+    allowed_text = language(lazy)
+    cands, t_tab, logits, dec = grammar_setup(vocab_llm, rule, 5, top_k, lazy)
     text = {c: _piece(vocab_llm, c) for c in cands}
     n_runs = 3000
     outs = []
@@ -276,7 +305,7 @@ def test_grammar_law(vocab_llm, rule, top_k):
 
     def step(done, last):
         row = logits(t_tab, last)[cands].astype(np.float64)
-        ok = np.array([bool(LANGUAGE.fullmatch(done + text[c])) for c in cands])
+        ok = np.array([allowed_text(done + text[c]) for c in cands])
         row[~ok] = -np.inf
         keep = np.argsort(-row, kind="stable")[:top_k or len(cands)]
         p = np.zeros(len(cands))
@@ -322,12 +351,54 @@ def test_race_under_a_grammar_names_the_first_allowed_token_in_race_order(vocab_
     grammar.close()
 
 
-def test_grammar_invariant_seeds_equal_plain(vocab_llm):
+@pytest.mark.parametrize("lazy", [False, True])
+def test_grammar_invariant_seeds_equal_plain(vocab_llm, lazy):
     for seed in range(15):
-        spec = grammar_setup(vocab_llm, "invariant", seed)[3].generate([0], max_new=4)
-        plain_dec = grammar_setup(vocab_llm, "invariant", seed)[3]
+        spec = grammar_setup(vocab_llm, "invariant", seed, lazy=lazy)[3].generate([0], max_new=4)
+        plain_dec = grammar_setup(vocab_llm, "invariant", seed, lazy=lazy)[3]
         plain_dec.k = 0
         assert spec == plain_dec.generate([0], max_new=4), seed
+
+
+def test_a_lazy_grammar_allows_exactly_what_its_language_does(vocab_llm):
+    """A grammar started by a trigger (as a Hermes tool call's), over the
+    real vocabulary: at each state, before and after the trigger, the
+    tokens allowed are exactly those whose bytes keep the text in the
+    language (free text without the trigger, or the trigger then what the
+    grammar holds), checked token by token against a regular expression.
+    Before the trigger only the tokens that would complete it with text the
+    grammar refuses are masked; the rest of the row is untouched."""
+    from specgguf.llama.grammar import Free, LazyStart, pieces
+    vocab, n = vocab_llm._model.vocab, vocab_llm.n_vocab()
+    every = pieces(vocab, n)
+    g = Grammar(vocab, n, 'root ::= "<tool_call>\n" [a-z]*', lazy=LazyStart(every, "<tool_call>"))
+    eog = {t for t in range(n) if llama_cpp.llama_vocab_is_eog(vocab, t)}
+
+    def in_language(text):
+        at = text.find(b"<tool_call>")
+        return at < 0 or re.fullmatch(rb"<tool_call>(\n[a-z]*)?", text[at:]) is not None
+    refused = 0
+    for before in ("", "Sure, ", "Let me call <", "x <tool_cal", "<<tool_call", "<tool_call", "a <tool_call>\nab"):
+        tokens = vocab_llm.tokenize(before.encode(), add_bos=False, special=False)
+        text = b"".join(every[t] for t in tokens)
+        state = g.state(tokens)
+        assert isinstance(state, Free) == (b"<tool_call>" not in text), before
+        allowed = g._check(state, np.arange(n), np.zeros(n, np.float32))
+        want = np.array([in_language(text + every[t]) for t in range(n)])
+        if not isinstance(state, Free):  # llama.cpp's engine: no empty pieces, the end only where the grammar may end
+            checked = np.array([bool(every[t]) and t not in eog for t in range(n)])
+            assert np.array_equal(allowed[checked], want[checked]), before
+        else:
+            assert np.array_equal(allowed, want), (before, np.flatnonzero(allowed != want)[:5])
+            row = np.zeros(n, np.float32)
+            g.mask(row, state, Cut(0, 1.0, 0.0))
+            assert np.array_equal(np.isfinite(row), want)
+        refused += int((~want).sum())
+    assert refused > 0  # some token did complete the trigger wrongly: the mask was tried
+    g.restart()
+    g.commit(vocab_llm.tokenize(b"ok <tool_call>\nabc", add_bos=False))
+    assert not isinstance(g.base, Free)
+    g.close()
 
 
 # ---- the real pair against llama-cpp-python's Llama -------------------------------

@@ -6,6 +6,7 @@ sampling with drafter_invariant equal across K). The server's side is in
 test_server.py."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -93,6 +94,8 @@ def test_each_format_reads_its_calls_back():
                        "mistral") == (None, [call])
     assert parse_calls('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris", "unit": "celsius"}}',
                        "llama3") == (None, [call])
+    assert parse_calls('Checking. {"name": "get_weather", "parameters": {"city": "Paris", "unit": "celsius"}}',
+                       "llama3") == ("Checking.", [call])  # auto: text, then the call from its trigger
     t = ToolCalling.read({"tools": TOOLS})
     content, calls = t.parse('{"tool_call": {"name": "launch", "arguments": {}}}', "generic")
     assert calls == [] and "launch" in content  # an undeclared function stays text
@@ -117,16 +120,21 @@ def test_earlier_calls_and_results_as_the_template_sees_them():
 
 
 def test_every_grammar_compiles_in_llama_cpp(target):
-    from specgguf.llama.grammar import Grammar
+    """Each format's grammar compiles; a native format under ``auto`` starts
+    it at the call's first characters (a trigger the grammar's root begins with)."""
+    from specgguf.llama.grammar import Grammar, LazyStart, pieces
+    vocab, n = target._model.vocab, target.n_vocab()
+    every = pieces(vocab, n)
     for args in ({"tools": TOOLS}, {"tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": True},
                  {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "set_light"}}}):
         t = ToolCalling.read(args)
         for fmt in ("generic", "hermes", "mistral", "llama3"):
-            g = t.grammar(fmt)
-            if g is None:
-                assert fmt != "generic" and t.choice == "auto"
-                continue
-            Grammar(target._model.vocab, target.n_vocab(), g).close()
+            trigger = t.trigger(fmt)
+            assert (trigger is not None) == (fmt != "generic" and t.choice == "auto")
+            g = Grammar(vocab, n, t.grammar(fmt), lazy=LazyStart(every, trigger) if trigger else None)
+            if trigger:  # the trigger itself is the grammar's start
+                assert g.started and len(g.forbidden) == len(trigger.encode())
+            g.close()
 
 
 # -- through the default pair ------------------------------------------------------
@@ -243,6 +251,54 @@ def test_a_hermes_template_from_a_file(hermes_pair):
         calls = [_calls(r) for r in runs]
         assert len(calls[0]) == 1 and calls[0][0]["function"] == calls[1][0]["function"], ask
         assert runs[0]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def _weather_call(city, cid):
+    return {"role": "assistant", "content": "", "tool_calls": [{"id": cid, "type": "function", "function": {
+        "name": "get_weather", "arguments": json.dumps({"city": city, "unit": "celsius"})}}]}
+
+
+def _weather_turns(city, cid, temp):
+    return user(f"What is the weather in {city}?") + [
+        _weather_call(city, cid), {"role": "tool", "tool_call_id": cid, "name": "get_weather",
+                                   "content": json.dumps({"temp": temp})},
+        {"role": "assistant", "content": f"It is {temp} degrees in {city}."}]
+
+
+def test_auto_in_a_native_format_starts_the_grammar_at_the_call(hermes_pair):
+    """The Hermes format under ``auto``: the text is free until the model
+    writes ``<tool_call>``; from there the tools' grammar holds (the lazy
+    grammar). After two earlier calls the 135M model writes a call of its
+    own, its arguments as a JSON string, which the grammar forbids: held,
+    the call's arguments are an object the schema allows. Greedy output
+    under the lazy grammar equals k=0's at K=3 and auto."""
+    history = _weather_turns("Paris", "c1", 14) + _weather_turns("Berlin", "c2", 9)
+    calling = ToolCalling.read({"tools": TOOLS})
+    held = dict(grammar=calling.grammar("hermes"), grammar_trigger=calling.trigger("hermes"))
+    assert held["grammar_trigger"] == "<tool_call>"
+    schema = WEATHER["function"]["parameters"]
+    for city in ("Rome", "Madrid"):
+        ids = hermes_pair.tokenize(history + user(f"And in {city}?"), chat=True)
+        free = hermes_pair.generate(ids, max_tokens=60, temperature=0, k=0).text
+        assert free.startswith("<tool_call>") and '"arguments": "{' in free, free  # a string, not an object
+        runs = [hermes_pair.generate(ids, max_tokens=60, temperature=0, k=k, **held) for k in (0, 3, "auto")]
+        assert runs[1].tokens == runs[0].tokens and runs[2].tokens == runs[0].tokens, city
+        content, calls = calling.parse(runs[0].text, "hermes")
+        assert content is None and len(calls) == 1 and runs[0].finish_reason == "stop", runs[0].text
+        assert re.search(r'"arguments"\s*:\s*\{', runs[0].text), runs[0].text  # held: an object
+        args = json.loads(calls[0]["function"]["arguments"])
+        assert calls[0]["function"]["name"] == "get_weather" and set(schema["required"]) <= set(args)
+
+
+def test_auto_in_a_native_format_is_plain_decodings_text(hermes_pair):
+    """Through create_chat_completion, the Hermes template and ``auto``
+    (the lazy grammar on): the answer, in words or a call, is k=0's."""
+    history = _weather_turns("Paris", "c1", 14)
+    for ask in ("And in Rome?", "Turn on the light in the hall."):
+        runs = [hermes_pair.create_chat_completion(history + user(ask), tools=TOOLS, temperature=0, max_tokens=60,
+                                                   k=k)["choices"][0] for k in (0, "auto")]
+        assert _without_ids(runs[1]["message"]) == _without_ids(runs[0]["message"]), ask
+        assert runs[1]["finish_reason"] == runs[0]["finish_reason"]
 
 
 def test_a_tool_grammar_beside_another_grammar_is_refused(pair):

@@ -93,7 +93,8 @@ def _stops(value: object) -> Tuple[str, ...]:
 
 
 # The settings applied to a row before the warp (specgguf.ops.logits): a regime of their own.
-RULE_FIELDS = ("logit_bias", "repeat_penalty", "frequency_penalty", "presence_penalty", "penalty_last_n", "grammar")
+RULE_FIELDS = ("logit_bias", "repeat_penalty", "frequency_penalty", "presence_penalty", "penalty_last_n", "grammar",
+               "grammar_trigger")
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,10 @@ class GenerationConfig:
         grammar: GBNF text the output must match (llama.cpp's grammar
             engine); see :func:`schema_grammar` and
             :func:`response_format_grammar` for JSON.
+        grammar_trigger: start the grammar lazily: the text is free until
+            this string appears in it, and from its first character on the
+            grammar holds (its root then matches the trigger and what
+            follows, as a tool call's ``<tool_call>...``). None: from the start.
         logprobs: report each token's log-probability under the target with
             this many alternatives (0..20); None: not reported.
 
@@ -151,6 +156,7 @@ class GenerationConfig:
     presence_penalty: float = 0.0
     penalty_last_n: int = 64
     grammar: Optional[str] = None
+    grammar_trigger: Optional[str] = None
     logprobs: Optional[int] = None
 
     def __post_init__(self) -> None:
@@ -184,6 +190,11 @@ class GenerationConfig:
                 raise TypeError(f"grammar must be GBNF text (a str), got {type(self.grammar).__name__}")
             if not self.grammar.strip():
                 set_("grammar", None)
+        if self.grammar_trigger is not None:
+            if not isinstance(self.grammar_trigger, str) or not self.grammar_trigger:
+                raise ValueError(f"grammar_trigger must be a non-empty string, got {self.grammar_trigger!r}")
+            if self.grammar is None:
+                raise ValueError("grammar_trigger starts a grammar: set grammar too")
         if self.logprobs is not None:
             set_("logprobs", _int("logprobs", self.logprobs, 0, TOP_LOGPROBS_MAX))
 

@@ -167,13 +167,13 @@ class CompletionMethods:
         ext = {k: kwargs.pop(k) for k in ("k", "p_min", "drafter_invariant") if k in kwargs}
         check_unsupported(kwargs)
         calling, rules = tools_of(kwargs, chat=True), rule_settings(kwargs, chat=True)
-        ids, grammar, fmt = prepare_chat(self, check_messages(messages), calling, rules.pop("grammar", None))
-        if grammar is not None:
-            rules["grammar"] = grammar
+        chat = prepare_chat(self, check_messages(messages), calling, rules.pop("grammar", None))
+        if chat.grammar is not None:
+            rules.update(grammar=chat.grammar, grammar_trigger=chat.trigger)
         config = self._settings("chat", max_tokens, dict(
             temperature=temperature, top_p=top_p, min_p=min_p, top_k=top_k, stop=stop, seed=seed, **ext, **rules))
-        run = self.run(ids, config=config)
-        shape = Shapes("chatcmpl", kwargs.get("model") or self.names[0], self.piece, calling, fmt)
+        run = self.run(chat.ids, config=config)
+        shape = Shapes("chatcmpl", kwargs.get("model") or self.names[0], self.piece, calling, chat.fmt)
         if stream:
             return shape.chat_chunks(run)
         return shape.chat_response(_drain(run))

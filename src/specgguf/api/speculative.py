@@ -22,7 +22,7 @@ from .completions import CompletionMethods
 from ..config import GenerationConfig
 from ..engine.calibration import calibrate, measure_acceptance
 from ..config import AUTO_K_MAX
-from ..llama.grammar import Grammar
+from ..llama.grammar import Grammar, LazyStart, pieces
 from ..llama.model import ModelLike
 from ..llama.pair import ModelPair
 from ..llama.text import Prompt
@@ -96,6 +96,7 @@ class SpeculativeLlama(CompletionMethods):
         self.names = self.pair.names
         self.runner = Runner(self.pair)
         self.learning, self.engine, self.guard = self.runner.learning, self.runner.engine, self.runner.guard
+        self._lazy: Dict[str, LazyStart] = {}  # by trigger: built once, shared by every request's grammar
 
     @property
     def n_ctx(self) -> int:
@@ -116,9 +117,19 @@ class SpeculativeLlama(CompletionMethods):
         """A token's bytes, special tokens spelled out (for logprobs)."""
         return self.pair.target_llm.detokenize([int(token)], special=True)
 
-    def check_grammar(self, grammar: str) -> None:
+    def check_grammar(self, grammar: str, trigger: Optional[str] = None) -> None:
         """ValueError if llama.cpp cannot compile ``grammar`` (GBNF) for this target."""
-        Grammar(*self.pair.vocab, grammar).close()
+        self.grammar(grammar, trigger).close()
+
+    def grammar(self, text: str, trigger: Optional[str] = None) -> Grammar:
+        """``text`` (GBNF) compiled for the target, held from the start or,
+        with ``trigger``, from where that string appears in the text."""
+        lazy = None
+        if trigger is not None:
+            if trigger not in self._lazy:
+                self._lazy[trigger] = LazyStart(pieces(*self.pair.vocab), trigger)
+            lazy = self._lazy[trigger]
+        return Grammar(*self.pair.vocab, text, lazy=lazy)
 
     def reset(self) -> None:
         """Empty both KV caches."""
@@ -177,7 +188,7 @@ class SpeculativeLlama(CompletionMethods):
         ids = self.tokenize(prompt, chat)
         if len(ids) >= self.n_ctx:
             raise ValueError(f"the prompt has {len(ids)} tokens; the context window is {self.n_ctx}")
-        grammar = Grammar(*self.pair.vocab, config.grammar) if config.grammar is not None else None  # fails here
+        grammar = self.grammar(config.grammar, config.grammar_trigger) if config.grammar is not None else None
         sampler = Sampler.from_config(config, origin=len(ids), grammar=grammar)
         return self.runner(ids, config, sampler, should_stop)
 

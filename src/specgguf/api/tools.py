@@ -21,11 +21,10 @@ llama.cpp converts them) holds a call to a declared name and to arguments
 its schema allows; it is an ordinary grammar to the engine, applied to
 every verified row, so speculation stays exact under it. Generic: always
 (``auto`` allows the response object too). Native formats: with
-``required`` or a named function; with ``auto`` the text is free and the
-calls are parsed from it. (llama.cpp's lazy grammar, which would constrain
-a call from its first token under ``auto``, aborts the process when the
-token that completes its trigger carries text the grammar refuses: a
-``std::runtime_error`` thrown through the C API. Not used here.)
+``required`` or a named function from the first token; with ``auto`` from
+the call's start (:meth:`ToolCalling.trigger`: the text is free until the
+format's ``<tool_call>``, ``[TOOL_CALLS]`` or ``{"name"`` appears, see
+:class:`~specgguf.llama.grammar.LazyStart`), as llama-server's lazy grammar.
 """
 
 from __future__ import annotations
@@ -34,12 +33,13 @@ import json
 import re
 import uuid
 from dataclasses import dataclass
-from typing import Any, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from ..config import schema_grammar
 from .request_fields import TOOL_FIELDS, FieldError, Unsupported
 
 FORMATS = ("hermes", "mistral", "llama3", "generic")
+TRIGGERS = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]", "llama3": '{"name"'}  # where a native call starts
 NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 GENERIC_SYSTEM = ("You can call any of the following tools to satisfy the user's requests: {tools}\n\n"
                   "Respond in JSON format, either with `tool_call` (a request to call tools) or with "
@@ -176,9 +176,10 @@ class ToolCalling:
                  "required": ["name", args_key]} for t in self.callable]
         return each[0] if len(each) == 1 else {"anyOf": each}
 
-    def grammar(self, fmt: str) -> Optional[str]:
-        """GBNF for the answer in ``fmt``, or None where the text stays free
-        (a native format under ``auto``)."""
+    def grammar(self, fmt: str) -> str:
+        """GBNF for the answer in ``fmt``; in a native format it matches the
+        calls from their start (under ``auto`` applied from
+        :meth:`trigger` on)."""
         if fmt == "generic":
             call = self._call_schema("arguments")
             calls = ({"type": "object", "properties": {"tool_calls": {"type": "array", "items": call, "minItems": 1}},
@@ -188,8 +189,6 @@ class ToolCalling:
                 calls = {"anyOf": [calls, {"type": "object", "properties": {"response": {"type": "string"}},
                                            "required": ["response"]}]}
             return schema_grammar(calls)
-        if self.choice == "auto":
-            return None
         body = schema_grammar(self._call_schema("parameters" if fmt == "llama3" else "arguments"))
         body = re.sub(r"^root ::=", "call-object ::=", body, flags=re.M)
         if fmt == "hermes":
@@ -200,6 +199,11 @@ class ToolCalling:
         else:
             root = "call-object"
         return "root ::= " + root + "\n" + body
+
+    def trigger(self, fmt: str) -> Optional[str]:
+        """Where the grammar starts: None (the first token) but for a native
+        format under ``auto``, where the text is free until a call starts."""
+        return TRIGGERS[fmt] if fmt != "generic" and self.choice == "auto" else None
 
     def system(self) -> str:
         """The generic format's system text: the tools and the answer's shape."""
@@ -272,8 +276,10 @@ def parse_calls(text: str, fmt: str) -> Optional[Tuple[Optional[str], List[tuple
         raw = _json(tail.strip()) if sep else None
         calls = [_call(c) for c in raw] if isinstance(raw, list) and raw else [None]
         return None if None in calls else (head.strip() or None, calls)
-    one = _call(_json(text.strip().removeprefix("<|python_tag|>")))
-    return None if one is None else (None, [one])
+    text = text.strip().removeprefix("<|python_tag|>")
+    head, sep, tail = text.partition(TRIGGERS["llama3"])  # any text, then the call (auto)
+    one = _call(_json((sep + tail).strip() if sep else text))
+    return None if one is None else (head.strip() or None, [one])
 
 
 def template_messages(messages: List[dict], fmt: str, calling: Optional[ToolCalling]) -> List[dict]:
@@ -319,19 +325,30 @@ def tools_of(args: Mapping[str, Any], chat: bool) -> Optional[ToolCalling]:
     return None
 
 
+class ChatPrompt(NamedTuple):
+    """A chat request ready to run: its prompt ``ids``, the ``grammar`` its
+    answer is held to (GBNF or None), from where (``trigger``: None for the
+    first token) and the tool ``fmt`` it is read back in."""
+    ids: List[int]
+    grammar: Optional[str]
+    trigger: Optional[str]
+    fmt: str
+
+
 def prepare_chat(llm, messages: List[dict], calling: Optional[ToolCalling],
-                 grammar: Optional[str] = None) -> Tuple[List[int], Optional[str], str]:
-    """``(prompt ids, grammar, tool format)`` of checked chat messages on
-    ``llm`` (a :class:`~specgguf.SpeculativeLlama`): the messages as its
-    template writes them, the tools rendered (native formats) or described
-    (generic), and the grammar the call is held to. ``grammar``: one the
-    request set otherwise (``response_format``, ...), refused beside a tool
-    grammar."""
+                 grammar: Optional[str] = None) -> ChatPrompt:
+    """Checked chat messages on ``llm`` (a
+    :class:`~specgguf.SpeculativeLlama`) as a :class:`ChatPrompt`: the
+    messages as its template writes them, the tools rendered (native
+    formats) or described (generic), and the grammar a call is held to.
+    ``grammar``: one the request set otherwise (``response_format``, ...),
+    refused beside tools unless ``tool_choice`` is ``"none"``."""
     fmt = llm.tool_format
     native = calling.template_tools() if calling is not None and fmt != "generic" else None
     ids = llm.tokenize(template_messages(messages, fmt, calling), chat=True, tools=native)
-    held = calling.grammar(fmt) if calling is not None else None
-    if held is not None and grammar is not None:
+    if calling is None:
+        return ChatPrompt(ids, grammar, None, fmt)
+    if grammar is not None:
         raise FieldError("tools", "tools: a tool call is held to its own grammar; drop response_format, "
                                   "json_schema or grammar, or set tool_choice to \"none\"")
-    return ids, held if held is not None else grammar, fmt
+    return ChatPrompt(ids, calling.grammar(fmt), calling.trigger(fmt), fmt)

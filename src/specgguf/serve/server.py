@@ -131,8 +131,9 @@ class Server:
         param = "messages" if call.kind == "chat" else "prompt"
         try:
             if call.kind == "chat":  # one conversation: its template, tools and tool grammar
-                ids, grammar, call.fmt = prepare_chat(self.llm, call.prompt, call.tools, call.config.grammar)
-                call.ids, call.config = [ids], replace(call.config, grammar=grammar)
+                chat = prepare_chat(self.llm, call.prompt, call.tools, call.config.grammar)
+                call.ids, call.fmt = [chat.ids], chat.fmt
+                call.config = replace(call.config, grammar=chat.grammar, grammar_trigger=chat.trigger)
             else:
                 call.ids = [self.llm.tokenize(p) for p in call.prompts]
         except FieldError as e:
@@ -145,7 +146,7 @@ class Server:
                                  param, "context_length_exceeded")
         if call.config.grammar is not None:
             try:
-                self.llm.check_grammar(call.config.grammar)
+                self.llm.check_grammar(call.config.grammar, call.config.grammar_trigger)
             except ValueError as e:
                 raise BadRequest(str(e), "tools" if call.tools else "grammar") from None
 
