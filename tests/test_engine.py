@@ -165,6 +165,37 @@ def test_a_stream_closed_early_frees_its_slot_and_disturbs_no_one(pairs):
     assert all(r.tokens == expect.tokens for r in res)
 
 
+def test_one_requests_rule_error_mid_round_leaves_the_others_whole(pairs):
+    """A request whose own rules leave no token after a few (a grammar
+    "Hello yes" with every token holding a "y" banned) fails alone, with a
+    clear error, in a round it shares with two others: theirs are what they
+    get alone, token for token, and the engine serves on."""
+    many, one = pairs
+    llm = many.pair.target_llm
+    banned = {t: float("-inf") for t in range(llm.n_vocab())
+              if b"y" in llm.detokenize([t], special=True).lower()}
+    stuck = dict(grammar='root ::= "Hello" " " "yes"', logit_bias=banned)
+    others = [chat(PROMPTS[0]), chat(PROMPTS[2])]
+    expect = [one.generate(p, max_tokens=40, temperature=0).tokens for p in others]
+    got, errors = {}, {}
+
+    def run(name, prompt, **kw):
+        try:
+            got[name] = many.generate(prompt, max_tokens=40, temperature=0, **kw)
+        except ValueError as e:
+            errors[name] = e
+    threads = [threading.Thread(target=run, args=(i, p)) for i, p in enumerate(others)]
+    threads.append(threading.Thread(target=run, args=("stuck", chat("Say hello."), ), kwargs=stuck))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert set(errors) == {"stuck"} and "no token is allowed" in str(errors["stuck"])
+    assert [got[0].tokens, got[1].tokens] == expect
+    assert many.engine.busy == 0
+    assert many.generate(others[0], max_tokens=40, temperature=0).tokens == expect[0]
+
+
 def test_bad_input_among_good_is_refused_before_anything_runs(pairs):
     many, _ = pairs
     with pytest.raises(ValueError, match="context window"):
