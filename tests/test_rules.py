@@ -156,7 +156,7 @@ def test_grammar_mask_equals_the_full_mask(vocab_llm):
         h = g.state(text[:m])
         base = rng.standard_normal(n).astype(np.float32) * 4
         full = base.copy()
-        allowed = g._check(h, np.arange(n), full)
+        allowed = g.check(h, np.arange(n), full)
         full[~allowed] = -np.inf
         for need in (1, 5, 40):
             row = base.copy()
@@ -182,7 +182,7 @@ def test_a_row_the_grammar_allows_nothing_of_is_a_clear_error_every_time(vocab_l
     g = Grammar(vocab, n, 'root ::= "yes"')
     h = g.state([])
     base = np.random.default_rng(1).standard_normal(n).astype(np.float32)
-    base[g._check(h, np.arange(n), base)] = -np.inf  # every allowed token gone
+    base[g.check(h, np.arange(n), base)] = -np.inf  # every allowed token gone
     for _ in range(2):
         for need in (0, 1, 40):
             with pytest.raises(ValueError, match="no token is allowed"):
@@ -205,8 +205,8 @@ def test_grammar_mask_warps_as_the_full_mask(vocab_llm):
     g = Grammar(vocab, n, schema_grammar(schema))
     text = vocab_llm.tokenize(b'{"name":"Felix","legs":4}', add_bos=False)
     checked = []
-    real_check = g._check
-    g._check = lambda h, ids, logits: (checked.append(len(ids)), real_check(h, ids, logits))[1]
+    real_check = g.check
+    g.check = lambda h, ids, logits: (checked.append(len(ids)), real_check(h, ids, logits))[1]
     rng = np.random.default_rng(1)
     cuts = [Cut(40, 0.95, 0.05), Cut(40, 1.0, 0.05), Cut(40, 0.9, 0.0), Cut(0, 0.95, 0.05), Cut(8, 0.5, 0.1)]
     shortcuts = 0
@@ -333,7 +333,7 @@ def test_race_under_a_grammar_names_the_first_allowed_token_in_race_order(vocab_
     rules = LogitRules(grammar=grammar)
     state = grammar.state([])
     ids = np.arange(n)
-    allowed = grammar._check(state, ids, np.zeros(n, np.float32))
+    allowed = grammar.check(state, ids, np.zeros(n, np.float32))
     rng = np.random.default_rng(3)
     misses = 0
     for case in range(60):
@@ -383,7 +383,7 @@ def test_a_lazy_grammar_allows_exactly_what_its_language_does(vocab_llm):
         text = b"".join(every[t] for t in tokens)
         state = g.state(tokens)
         assert isinstance(state, Free) == (b"<tool_call>" not in text), before
-        allowed = g._check(state, np.arange(n), np.zeros(n, np.float32))
+        allowed = g.check(state, np.arange(n), np.zeros(n, np.float32))
         want = np.array([in_language(text + every[t]) for t in range(n)])
         if not isinstance(state, Free):  # llama.cpp's engine: no empty pieces, the end only where the grammar may end
             checked = np.array([bool(every[t]) and t not in eog for t in range(n)])

@@ -202,8 +202,10 @@ class Grammar:
         if getattr(self, "initial", None) is not None:
             self.close()
 
-    def _check(self, handle, ids: np.ndarray, logits: np.ndarray) -> np.ndarray:
-        """Which of ``ids`` the state allows: bool ``[len(ids)]``."""
+    def check(self, handle, ids: np.ndarray, logits: np.ndarray) -> np.ndarray:
+        """Which of ``ids`` (int ``[n]``, below ``n_vocab``) the state ``handle``
+        (:meth:`state`) allows: bool ``[n]``. ``logits`` (float32 ``[n]``)
+        go with them to llama.cpp's sampler, which reads only the ids."""
         if isinstance(handle, Free):
             return (ids < self.n_vocab) & ~np.isin(ids, self.forbidden[handle.matched])
         arr = np.empty(len(ids), dtype=_TOKEN_DATA)
@@ -215,7 +217,7 @@ class Grammar:
         return np.isfinite(arr["logit"])
 
     def allows(self, handle, token: int) -> bool:
-        return 0 <= token < self.n_vocab and bool(self._check(handle, np.array([token]), np.zeros(1))[0])
+        return 0 <= token < self.n_vocab and bool(self.check(handle, np.array([token]), np.zeros(1))[0])
 
     def _accept(self, handle, token: int) -> Optional[object]:
         """A new state: ``handle`` after ``token``; None if the grammar forbids
@@ -289,9 +291,9 @@ class Grammar:
             return
         if cut.top_k == 1:  # greedy: the argmax is allowed most of the time
             best = int(np.argmax(head))
-            if self._check(handle, np.array([best]), head[best:best + 1])[0]:
+            if self.check(handle, np.array([best]), head[best:best + 1])[0]:
                 return
-        whole = mask_best_first(head, lambda ids, values: self._check(handle, ids, values), cut, self.CHUNK)
+        whole = mask_best_first(head, lambda ids, values: self.check(handle, ids, values), cut, self.CHUNK)
         if whole and key is not None:
             self.allowed[key] = np.isfinite(head)
 

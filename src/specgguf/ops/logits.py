@@ -197,7 +197,7 @@ class LogitRules:
             order = live[part[np.argsort(keys[part], kind="stable")]][done:]
             for at in range(0, len(order), self.grammar.CHUNK):
                 chunk = order[at:at + self.grammar.CHUNK]
-                ok = self.grammar._check(state, chunk, np.zeros(len(chunk), np.float32))
+                ok = self.grammar.check(state, chunk, np.zeros(len(chunk), np.float32))
                 if ok.any():
                     row[chunk[:int(np.argmax(ok))]] = 0.0
                     return
