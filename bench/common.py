@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import sys
 
-PROMPTS = [
-    "Write a detailed essay about the history of the printing press.",
-    "Explain, step by step, how a bicycle stays upright while moving.",
-    "Write a short story about a robot who learns to paint.",
-    "Describe how a compiler turns source code into a running program.",
-    "Write a letter to a friend about a trip to the mountains.",
-    "Explain why the seasons change over the course of a year.",
-    "Give a beginner's guide to growing tomatoes on a balcony.",
-    "Tell the story of a lighthouse keeper during a storm.",
-]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from specgguf.cli.workloads import CHAT  # noqa: E402
+
+PROMPTS = CHAT  # the chat prompts every benchmark shares (specgguf.cli.workloads)
 
 
 def free_port() -> int:

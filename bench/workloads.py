@@ -28,15 +28,9 @@ Regime: the models given on this machine, one request at a time.
 from __future__ import annotations
 
 import argparse
-import glob
-import gzip
 import hashlib
-import importlib
-import inspect
 import json
 import os
-import random
-import re
 import statistics
 import subprocess
 import sys
@@ -45,77 +39,9 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from bench.common import PROMPTS  # noqa: E402
+from specgguf.cli.workloads import REVISE, WORKLOADS, items  # noqa: E402
 
 MODES = ("plain", "model", "lookup", "default")
-WORKLOADS = ("code-edit", "doc-quote", "second-turn", "json", "chat")
-MODULES = ("textwrap", "shlex", "fnmatch", "glob", "posixpath", "calendar", "difflib", "string", "gettext",
-           "netrc", "ftplib", "mailbox", "csv", "configparser", "argparse", "pprint", "tokenize", "zipfile")
-EDITS = ("Add type hints to this function. Reply with the whole function.",
-         "Add a docstring to this function. Reply with the whole function.",
-         "Rename the variable `{var}` to `{var}_value` everywhere in this function. Reply with the whole function.")
-SCHEMA = {"type": "object", "properties": {
-    "module": {"type": "string"}, "summary": {"type": "string"},
-    "names": {"type": "array", "items": {"type": "string"}}}, "required": ["module", "summary", "names"]}
-
-
-def functions(rng: random.Random, n: int) -> list:
-    """``n`` standard-library functions of 300-1500 characters of source, picked by ``rng``."""
-    found = []
-    for name in MODULES:
-        mod = importlib.import_module(name)
-        for _, f in inspect.getmembers(mod, inspect.isfunction):
-            if getattr(f, "__module__", None) == name:
-                try:
-                    src = inspect.getsource(f)
-                except (OSError, TypeError):
-                    continue
-                if 300 <= len(src) <= 1500:
-                    found.append(src)
-    return rng.sample(sorted(found), n)
-
-
-def documents(rng: random.Random, n: int) -> list:
-    """``n`` documentation pages of 800-3000 characters: READMEs Debian installs, else module docstrings."""
-    pages = []
-    for path in sorted(glob.glob("/usr/share/doc/*/README*")):
-        try:
-            raw = gzip.open(path).read() if path.endswith(".gz") else open(path, "rb").read()
-            text = raw.decode("utf-8")
-        except (OSError, UnicodeDecodeError, EOFError):
-            continue
-        if 800 <= len(text) <= 3000:
-            pages.append(text)
-    for name in MODULES:
-        doc = inspect.getdoc(importlib.import_module(name)) or ""
-        if 800 <= len(doc) <= 3000:
-            pages.append(doc)
-    return rng.sample(sorted(pages), n)
-
-
-def items(workload: str, n: int, seed: int) -> list:
-    """``[(messages, settings)]`` for ``workload``: the chat and any extra request fields."""
-    rng = random.Random(seed)
-    if workload in ("code-edit", "second-turn"):
-        out = []
-        for i, src in enumerate(functions(rng, n)):
-            args = [x for x in re.findall(r"def \w+\(([^)]*)\)", src)[0].replace("*", "").split(",")
-                    if x.strip() and x.strip().split(":")[0].split("=")[0].strip() not in ("self", "cls")]
-            var = args[0].split(":")[0].split("=")[0].strip() if args else "result"
-            ask = EDITS[i % len(EDITS)].format(var=var)
-            out.append(([{"role": "user", "content": f"```python\n{src}```\n\n{ask}"}], {}))
-        return out
-    if workload == "doc-quote":
-        return [([{"role": "user", "content": f"{doc}\n\nRepeat the first paragraph of the document above "
-                                             "word for word, then say in one sentence what it is about."}], {})
-                for doc in documents(rng, n)]
-    if workload == "json":
-        docs = [(name, inspect.getdoc(importlib.import_module(name)) or "") for name in MODULES]
-        docs = rng.sample([d for d in docs if len(d[1]) >= 400], n)
-        return [([{"role": "user", "content": f"Documentation of a Python module:\n\n{doc[:2500]}\n\nGive the "
-                                             "module's name, a one-line summary and the names it documents, as JSON."}],
-                 {"response_format": {"type": "json_object", "schema": SCHEMA}}) for _, doc in docs]
-    return [([{"role": "user", "content": p}], {}) for p in rng.sample(PROMPTS, n)]
 
 
 def worker(mode: str, a: argparse.Namespace) -> None:
@@ -135,9 +61,7 @@ def worker(mode: str, a: argparse.Namespace) -> None:
         for i, (messages, extra) in enumerate(items(workload, a.items, a.seed)):
             if workload == "second-turn":  # the first turn, untimed, in the context as the user saw it
                 first = spec.create_chat_completion(messages, **settings)
-                messages = messages + [first["choices"][0]["message"],
-                                       {"role": "user", "content": "Now make it shorter and clearer. Reply "
-                                                                   "with the whole function again."}]
+                messages = messages + [first["choices"][0]["message"], {"role": "user", "content": REVISE}]
             t0 = time.perf_counter()
             out = spec.create_chat_completion(messages, **settings, **extra)
             seconds = time.perf_counter() - t0

@@ -179,6 +179,52 @@ def test_bench_measures_each_k_and_recommends_the_fastest(tmp_path, private_stat
     assert no_plot.returncode == 1 and "pip install 'specgguf[plot]'" in no_plot.stderr  # before any run
 
 
+def test_bench_on_a_workload_says_which_drafts_pay(tmp_path, private_state):
+    """`specgguf bench --workload FILE`: plain decoding, the draft model,
+    the lookup and both on the user's prompts, a row each with the share of
+    tokens each source gave, and a line naming the fastest; a file that does
+    not read is one line naming it."""
+    work = tmp_path / "mine.txt"
+    work.write_text("Repeat exactly: the quick brown fox jumps over the lazy dog.\n---\n"
+                    "```python\ndef add(a, b):\n    return a + b\n```\nAdd type hints. Reply with the function.\n")
+    r = cli("bench", "--threads", "2", "--tokens", "16", "--turns", "1", "--workload", str(work))
+    assert r.returncode == 0, r.stderr
+    rows = {line.split()[0]: line.split() for line in r.stdout.splitlines()
+            if line.split()[:1] in (["plain"], ["model"], ["lookup"], ["both"])}
+    assert set(rows) == {"plain", "model", "lookup", "both"} and rows["plain"][2] == "1.00x"
+    assert rows["plain"][-2:] == ["0%", "0%"] and rows["model"][-1] == "0%" and rows["lookup"][-2] == "0%"
+    assert float(rows["lookup"][-1].rstrip("%")) > 0  # the first prompt asks for a copy
+    assert any(line.startswith(("fastest here:", "no draft pays here")) for line in r.stdout.splitlines())
+    assert "bench: 8/8 generations" in r.stderr and not any(private_state.iterdir())
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n{"prompt": 5}\n')
+    for arg, msg in ((str(bad), "bad.jsonl:2"), ("code_edit", "neither a built-in workload")):
+        r = cli("bench", "--workload", arg)
+        assert r.returncode == 1 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    r = cli("bench", "--workload", "chat", "--ks", "0,1")
+    assert r.returncode == 2 and "--workload" in r.stderr
+
+
+def test_workload_files_and_the_built_in_workloads(tmp_path):
+    """What a workload file may hold, and the built-in ones: from text on
+    this machine, the same items for the same seed."""
+    from specgguf.cli.workloads import WORKLOADS, items, read_workload
+    p = tmp_path / "w.jsonl"
+    p.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n\n"
+                 + json.dumps({"prompt": "def f(", "response_format": {"type": "json_object"}}) + "\n")
+    assert read_workload(str(p)) == [([{"role": "user", "content": "hi"}], {}),
+                                     ("def f(", {"response_format": {"type": "json_object"}})]
+    t = tmp_path / "w.txt"
+    t.write_text("first\nprompt\n---\n\n---  \nsecond\n")
+    assert [m[0]["content"] for m, _ in read_workload(str(t))] == ["first\nprompt", "second"]
+    t.write_text("---\n")
+    with pytest.raises(ValueError, match="no prompt"):
+        read_workload(str(t))
+    for w in WORKLOADS:
+        got = items(w, 2, seed=3)
+        assert len(got) == 2 and got == items(w, 2, seed=3) and all(m[0]["content"].strip() for m, _ in got)
+
+
 def test_a_first_hour_without_surprises(tmp_path):
     """What a new user trips on: each is one clear line, llama.cpp's own
     warnings stay quiet unless --verbose, and an offline hub model fails at

@@ -136,20 +136,54 @@ def measure(llm, prompts: Sequence, ks: Sequence[K], tokens: int, turns: int,
     Returns:
         ``{k: Runs}`` in the order of ``ks``.
     """
-    runs = {k: Runs(k) for k in ks}
-    total, done = len(ks) * len(prompts) * turns, 0
+    return measure_configs({k: (llm, k) for k in ks}, [(p, {}) for p in prompts], tokens, turns, progress,
+                           **settings)
+
+
+def measure_configs(configs: Dict[str, tuple], items: Sequence[tuple], tokens: int, turns: int,
+                    progress: Optional[Callable[[int, int, K], None]] = None, **settings) -> Dict[str, Runs]:
+    """:func:`measure` over named configurations ``{name: (llm, k)}`` (pairs
+    that may share their models: each generation starts from empty caches)
+    and ``items`` ``(prompt, settings of its own)``."""
+    runs = {name: Runs(name) for name in configs}
+    names = list(configs)
+    total, done = len(names) * len(items) * turns, 0
     for turn in range(turns):
-        shift = turn % len(ks)
-        for k in list(ks[shift:]) + list(ks[:shift]):  # a different configuration first each turn
+        shift = turn % len(names)
+        for name in names[shift:] + names[:shift]:  # a different configuration first each turn
+            llm, k = configs[name]
             stats = []
-            for prompt in prompts:
+            for prompt, own in items:
                 llm.reset()
-                stats.append(llm.generate(prompt, max_tokens=tokens, k=k, **settings).stats)
+                stats.append(llm.generate(prompt, max_tokens=tokens, k=k, **dict(settings, **own)).stats)
                 done += 1
                 if progress:
-                    progress(done, total, k)
-            runs[k].add_turn(stats)
+                    progress(done, total, name)
+            runs[name].add_turn(stats)
     return runs
+
+
+def sources_table(runs: Dict[str, Runs]) -> List[str]:
+    """The printed table of a workload's draft sources (``plain``, ``model``,
+    ``lookup``, ``both``): tok/s, against plain decoding, per turn, and the
+    share of tokens the draft model and the lookup gave; then which pays."""
+    plain = runs["plain"].tokens_per_second if "plain" in runs else 0.0
+    lines = [f"{'drafts':>7} {'tok/s':>7} {'vs plain':>8} {'turns (tok/s)':<24} {'model':>6} {'lookup':>6}"]
+    for name, r in runs.items():
+        given = {src: sum((s.get("tokens_by_source") or {}).get(src, 0) for s in r.stats) for src in ("draft", "lookup")}
+        n = max(1, sum(s["completion_tokens"] for s in r.stats))
+        ratio = f"{r.tokens_per_second / plain:>7.2f}x" if plain else f"{'-':>8}"
+        turns = " ".join(f"{x:.1f}" for x in r.per_turn)
+        lines.append(f"{name:>7} {r.tokens_per_second:>7.1f} {ratio} {turns:<24} "
+                     f"{100 * given['draft'] / n:>5.0f}% {100 * given['lookup'] / n:>5.0f}%")
+    if plain:
+        best = max(runs, key=lambda name: runs[name].tokens_per_second)
+        gain = runs[best].tokens_per_second / plain
+        head = ("no draft pays here: plain decoding was fastest" if best == "plain" else
+                f"fastest here: {best} ({gain:.2f}x plain decoding)")
+        tail = f"; the defaults (both) ran at {runs['both'].tokens_per_second / plain:.2f}x" if "both" in runs else ""
+        lines.append(head + tail)
+    return lines
 
 
 @dataclass
@@ -252,7 +286,8 @@ class Progress:
     def __call__(self, done: int, total: int, k: K) -> None:
         if self.tty:
             n = self.width * done // total
-            self.stream.write(f"\rbench: [{'#' * n}{'.' * (self.width - n)}] {done}/{total} (K={k})   ")
+            label = f"K={k}" if isinstance(k, int) or k == "auto" else k
+            self.stream.write(f"\rbench: [{'#' * n}{'.' * (self.width - n)}] {done}/{total} ({label})   ")
             if done == total:
                 self.stream.write("\n")
         elif done == total or done % max(1, total // 5) == 0:

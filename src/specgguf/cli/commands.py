@@ -9,6 +9,7 @@ from typing import List
 
 from ..config import K_MAX
 from .options import Parser, _number, add_model_args, load_pair
+from .workloads import WORKLOADS
 from ..engine.calibration import ForwardCosts
 
 
@@ -165,6 +166,11 @@ def bench_main(argv: List[str]) -> int:
     add_model_args(ap)
     ap.add_argument("--prompts", metavar="FILE", help="a text file of prompts, one per line (default: three "
                     "built-in writing prompts)")
+    ap.add_argument("--workload", metavar="NAME|FILE", help="which drafts pay on real work: plain decoding, the "
+                    "draft model alone, the lookup alone and both (the defaults), on a built-in workload ("
+                    f"{', '.join(WORKLOADS)}) or your own: a .jsonl file of {{\"messages\": [...]}} or "
+                    "{\"prompt\": \"...\"} objects, or a text file of prompts separated by lines of ---")
+    ap.add_argument("--items", type=int, default=3, help="prompts taken from a built-in workload (3)")
     ap.add_argument("--no-chat", dest="chat", action="store_false", help="give the prompts as plain text "
                     "(default: as a user message through the target's chat template)")
     ap.add_argument("--tokens", type=int, default=64, help="tokens per generation (64)")
@@ -182,6 +188,10 @@ def bench_main(argv: List[str]) -> int:
         ap.error(f"--ks {args.ks!r}: expected draft lengths 0-{K_MAX}, ranges like 0-8, and 'auto'")
     if args.tokens < 2 or args.turns < 1:
         ap.error("--tokens must be >= 2 and --turns >= 1")
+    if args.workload:
+        if args.prompts or args.ks != "0-8,auto" or args.plot:
+            ap.error("--workload compares draft sources: it takes no --prompts, --ks or --plot")
+        return _bench_workload(args)
     if args.plot:
         bench.pyplot()  # before minutes of runs, not after
     prompts = bench.PROMPTS
@@ -208,6 +218,50 @@ def bench_main(argv: List[str]) -> int:
         report.plot(args.plot, f"{llm.names[0]} + {llm.names[1]}, temperature {args.temp:g}, "
                                f"{args.tokens} tokens x {len(items)} prompts x {args.turns} turns")
         print(f"plot: {args.plot}")
+    return 0
+
+
+def _bench_workload(args: argparse.Namespace) -> int:
+    """``bench --workload``: plain decoding, the draft model alone, the lookup
+    alone and both on a workload, each generation from empty caches; the
+    three pairs share one load of the models."""
+    import tempfile
+    from . import bench
+    from ..api.speculative import SpeculativeLlama
+    from ..config import response_format_grammar
+    from .workloads import REVISE, items, read_workload
+    if args.items < 1:
+        raise ValueError("--items must be >= 1")
+    work = items(args.workload, args.items) if args.workload in WORKLOADS else read_workload(args.workload)
+    os.environ["SPECGGUF_STATE"] = tempfile.mkdtemp(prefix="specgguf-bench-")
+    args.lookup = None  # each source is measured: the defaults' pair has both
+    both = load_pair(args)
+    shared = dict(n_ctx=args.ctx, n_threads=args.threads, verbose=args.verbose)
+    target, draft = both.pair.target_llm, both.pair.draft_llm
+    if draft is None:  # --draft ngram: the lookup is the only source
+        configs = {"plain": (both, 0), "lookup": (both, "auto")}
+    else:
+        configs = {"plain": (both, 0), "model": (SpeculativeLlama(target, draft, lookup=False, **shared), "auto"),
+                   "lookup": (SpeculativeLlama(target, "ngram", **shared), "auto"), "both": (both, "auto")}
+    prepared = []
+    for prompt, extra in work:
+        own = {}
+        for field, value in extra.items():
+            if field != "response_format":
+                raise ValueError(f"--workload {args.workload}: a request field {field!r} is not taken here "
+                                 "(response_format is)")
+            own["grammar"] = response_format_grammar(value)
+        if args.workload == "second-turn":  # the first turn, as the user saw it, in the context
+            first = both.create_chat_completion(prompt, max_tokens=args.tokens, temperature=0, k=0)
+            prompt = prompt + [first["choices"][0]["message"], {"role": "user", "content": REVISE}]
+        prepared.append((prompt, own))
+    print(f"specgguf bench: target {both.names[0]}, draft {both.names[1]}; workload {args.workload}: "
+          f"{len(prepared)} prompts x {args.tokens} tokens x {args.turns} turn{'s' if args.turns > 1 else ''}; "
+          f"temperature {args.temp:g}", file=sys.stderr, flush=True)
+    seed = dict(seed=1234) if args.temp > 0 else {}
+    runs = bench.measure_configs(configs, prepared, args.tokens, args.turns, bench.Progress(),
+                                 temperature=args.temp, **seed)
+    print("\n".join(bench.sources_table(runs)))
     return 0
 
 

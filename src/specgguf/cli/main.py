@@ -4,6 +4,7 @@
     python -m specgguf serve ...                             OpenAI-compatible server
     python -m specgguf calibrate [--draft D] [--target T]    time the forwards, store the draft's acceptance
     python -m specgguf bench [--draft D] [--target T]        which draft length pays here: a table
+    python -m specgguf bench --workload NAME|FILE            which drafts pay on real work
     python -m specgguf check-pair --target T --draft D      how a draft serves a target (tokenizers)
     python -m specgguf rpc-server [--host H] [--port P]      a worker for --rpc
     python -m specgguf models list | fetch NAME | verify
@@ -35,7 +36,8 @@ EPILOG = """\
 other commands (each has --help):
   python -m specgguf serve        an OpenAI-compatible HTTP server
   python -m specgguf calibrate    time the forwards, store the draft's acceptance
-  python -m specgguf bench        which draft length pays on this machine (table, --plot)
+  python -m specgguf bench        which draft length pays on this machine (table, --plot);
+                                  --workload NAME|FILE: which drafts pay on real work
   python -m specgguf check-pair   how a draft can serve a target (tokenizers) and its acceptance
   python -m specgguf rpc-server   a worker for --rpc (the target over several machines)
   python -m specgguf models list | fetch NAME | verify"""
