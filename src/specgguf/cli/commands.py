@@ -170,7 +170,7 @@ def bench_main(argv: List[str]) -> int:
                     "draft model alone, the lookup alone and both (the defaults), on a built-in workload ("
                     f"{', '.join(WORKLOADS)}) or your own: a .jsonl file of {{\"messages\": [...]}} or "
                     "{\"prompt\": \"...\"} objects, or a text file of prompts separated by lines of ---")
-    ap.add_argument("--items", type=int, default=3, help="prompts taken from a built-in workload (3)")
+    ap.add_argument("--items", type=_number(int, 1), default=3, help="prompts taken from a built-in workload (3)")
     ap.add_argument("--no-chat", dest="chat", action="store_false", help="give the prompts as plain text "
                     "(default: as a user message through the target's chat template)")
     ap.add_argument("--tokens", type=int, default=64, help="tokens per generation (64)")
@@ -230,8 +230,6 @@ def _bench_workload(args: argparse.Namespace) -> int:
     from ..api.speculative import SpeculativeLlama
     from ..config import response_format_grammar
     from .workloads import REVISE, items, read_workload
-    if args.items < 1:
-        raise ValueError("--items must be >= 1")
     work = items(args.workload, args.items) if args.workload in WORKLOADS else read_workload(args.workload)
     os.environ["SPECGGUF_STATE"] = tempfile.mkdtemp(prefix="specgguf-bench-")
     args.lookup = None  # each source is measured: the defaults' pair has both
