@@ -6,7 +6,9 @@ specgguf, of the plain numpy reference (specgguf.testing.reference) and of the f
 ratios, all measured in this one run. Then the warp (logits to sampling
 probabilities) per row at V = 49152 (SmolLM2) and 262144 (Gemma 3) for each
 truncation setting, against the targets of 100 and 400 us a row, and the
-drafter-invariant race's pick per row. Usage:
+drafter-invariant race's pick per row. Then the lookup
+(:class:`~specgguf.ops.suffix.SuffixDrafter`): its cost per round with 32k
+tokens of earlier texts indexed (the target: at most 50 us). Usage:
 
     .venv/bin/python bench/verify_ops.py [--quick]
 """
@@ -104,6 +106,41 @@ def warp_rows(rng, scale):
         print(f"{v:>7}    {'race pick (untruncated row)':<32} {t:>8.1f}u")
 
 
+def lookup_rounds(scale: float) -> None:
+    """The lookup's cost per decoding round: earlier texts (the standard
+    library's source through the SmolLM2 tokenizer) fill its memory to
+    ``memory`` tokens; then a new text grows by a round's tokens (1-9) and
+    is looked up for 16 tokens, as the engine asks each round."""
+    import importlib
+    import inspect
+    import llama_cpp
+    from specgguf.llama.models import fetch
+    from specgguf.ops.suffix import SuffixDrafter
+    tok = llama_cpp.Llama(str(fetch("smollm2-135m-q4_1")), vocab_only=True, verbose=False)
+    names = ("argparse", "difflib", "inspect", "textwrap", "tokenize", "pathlib", "zipfile", "csv", "shlex", "calendar")
+    texts = [tok.tokenize(inspect.getsource(importlib.import_module(m)).encode(), add_bos=False) for m in names]
+    stream = [t for text in texts for t in text]
+    rng = np.random.default_rng(5)
+    for memory in (4096, 32768):
+        d = SuffixDrafter(memory, n_min=4)
+        at = 0
+        while at < min(len(stream), memory + 2048):  # earlier texts, 2048 tokens each
+            d.propose(stream[at:at + 2048], 1)
+            at += 2048
+        context = list(stream[at:at + 300])
+        steps = [int(x) for x in rng.integers(1, 10, 4000)]
+        rounds = max(50, int(2000 * scale))
+        times = []
+        for i in range(rounds):
+            context.extend(stream[(at + 300 + 7 * i) % len(stream):][:steps[i]])
+            t0 = time.perf_counter()
+            d.propose(context, 16)
+            times.append((time.perf_counter() - t0) * 1e6)
+        print(f"lookup: {len(d.stream)} tokens indexed (memory {memory}), a round's lookup of 16 tokens: "
+              f"median {statistics.median(times):.1f} us, 90th percentile {np.percentile(times, 90):.1f} us "
+              f"(target: 50 us)")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer calls (a smoke run)")
@@ -124,6 +161,7 @@ def main():
             print(f"{v:>7} {k:>2} {name:<22} {t_ours:>8.1f}u {t_ref:>8.1f}u {floor:>7.1f}u "
                   f"{t_ref / t_ours:>9.1f}x {t_ours / floor:>9.2f}x")
     warp_rows(rng, scale)
+    lookup_rounds(scale)
     # Call overhead: a tiny vocabulary, where the O(V) work is negligible.
     v, k = 1000, 4
     t = rng.random((k + 1, v), dtype=np.float32)

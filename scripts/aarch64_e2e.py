@@ -13,13 +13,22 @@ Checks, on the real pair (exits non-zero on the first that fails):
   KV cache back: at least one round must reject);
 * seeded drafter-invariant sampling at 0.8 gives k=0's text;
 * the build is batch-invariant: the target (F32) and the draft (Q4_1) score
-  a batch of tokens bit for bit as one token at a time
+  a batch of 5 tokens bit for bit as one token at a time
   (scripts/patches/llama-batch-invariant.patch, :func:`specgguf.llama.invariance.probe`).
+
+With ``SPECGGUF_ARM_CORPUS=1`` (about 15 minutes a core, so not in CI's
+run): batches of 2, 5 and 9, and texts from the exactness corpus
+(tests/corpus.py: one code, one prose, one chat prompt), greedy at K=1, 4
+and auto and seeded at K=4, equal to k=0's (a slice: under emulation each
+forward takes about a second).
 """
 
+import os
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.corpus
 
 from specgguf import SpeculativeLlama
 from specgguf.llama.model import plain_greedy
@@ -60,10 +69,30 @@ def main(target, draft, poor):
                   f"{outs[1].text!r}, drafted {outs[1].stats['drafted']}")
         del llm
     check("some draft was rejected, so the KV cache was cut back", rejected > 0, f"{rejected} rejected")
-    invariant(target, draft)
+    wide = os.environ.get("SPECGGUF_ARM_CORPUS") == "1"
+    invariant(target, draft, batches=(2, 5, 9) if wide else (5,))
+    if wide:
+        corpus_texts(target, draft)
 
 
-def invariant(*paths):
+def corpus_texts(target, draft, tokens=16):
+    from tests.corpus import corpus
+    every = corpus()
+    llm = SpeculativeLlama(target, draft, n_ctx=1024, n_threads=2)
+    for kind, prompt in (every[0], every[100], every[200]):
+        t0 = time.perf_counter()
+        chat = not isinstance(prompt, str)
+        for settings, ks in ((dict(temperature=0), (1, 4, "auto")), (dict(temperature=0.8, seed=11), (4,))):
+            llm.reset()
+            plain = llm.generate(prompt, chat=chat, max_tokens=tokens, k=0, **settings).tokens
+            for k in ks:
+                llm.reset()  # from empty caches, as plain decoding's text was made
+                got = llm.generate(prompt, chat=chat, max_tokens=tokens, k=k, **settings)
+                check(f"a {kind} prompt of the corpus, {settings}, K={k}, equals k=0", got.tokens == plain,
+                      f"{len(plain)} tokens, drafted {got.stats['drafted']}, {time.perf_counter() - t0:.0f} s")
+
+
+def invariant(*paths, batches=(5,)):
     from specgguf.llama.invariance import INVARIANT_TOKENS, batch_invariance, probe
     from specgguf.llama.model import LlamaModel, load_llama
     check("llama.cpp's batch invariance is on", batch_invariance() == INVARIANT_TOKENS, f"{batch_invariance()}")
@@ -71,9 +100,10 @@ def invariant(*paths):
         t0 = time.perf_counter()
         llm = load_llama(Path(path), n_ctx=256, n_threads=2)
         ids = llm.tokenize(b"The capital of France is Paris, and the capital of Italy is Rome.", add_bos=True)[:14]
-        got = probe(LlamaModel(llm), ids, batch=5)
-        check(f"{path.rsplit('/', 1)[-1]} scores a batch of 5 as one token at a time, bit for bit",
-              got["identical"] == got["rows"] > 0, f"{got}, {time.perf_counter() - t0:.0f} s")
+        for batch in batches:
+            got = probe(LlamaModel(llm), ids, batch=batch)
+            check(f"{path.rsplit('/', 1)[-1]} scores a batch of {batch} as one token at a time, bit for bit",
+                  got["identical"] == got["rows"] > 0, f"{got}, {time.perf_counter() - t0:.0f} s")
 
 
 if __name__ == "__main__":

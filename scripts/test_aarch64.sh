@@ -15,6 +15,8 @@
 #     pair: greedy speculation is the target's own greedy output, seeded
 #     drafter-invariant sampling equals k=0 (scripts/aarch64_e2e.py); the
 #     RPC worker built for each starts.
+#     SPECGGUF_ARM_CORPUS=1 adds batches of 2 and 9 and three prompts of the
+#     exactness corpus per core (about 15 minutes a core under qemu).
 # Also runs the x86 kernel test under qemu -cpu Nehalem (no AVX2): the
 # dispatch must fall back to scalar without an illegal instruction.
 set -euo pipefail
