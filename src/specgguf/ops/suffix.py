@@ -65,6 +65,7 @@ class SuffixDrafter:
         # poor draft: verification is exact); per position, the one after its n-gram before (-1: none)
         self.latest: Dict[int, Dict[int, int]] = {n: {} for n in self.sizes}
         self.before: Dict[int, array] = {n: array("i") for n in self.sizes}
+        self.separated = -1  # the last separator's position: no n-gram across it is indexed
 
     def lag(self, context: Sequence[int]) -> int:
         return 0  # nothing to catch up on: the index follows the context when asked
@@ -81,6 +82,14 @@ class SuffixDrafter:
                     break
         tokens, confidence, stop = [], [], "end"
         while places and len(tokens) < k:
+            if len(places) == 1:  # one place left: its continuation, every token at confidence 1
+                p = places[0] + len(tokens)
+                run = self.stream[p:min(end, p + k - len(tokens))]
+                if SEPARATOR in run:
+                    run = run[:run.index(SEPARATOR)]
+                tokens += run
+                confidence += [1.0] * len(run)
+                break
             counts: Dict[int, int] = {}
             for p in places:  # most recent first: on a tie, the most recent place's token
                 t = self.stream[p + len(tokens)] if p + len(tokens) < end else SEPARATOR
@@ -126,18 +135,21 @@ class SuffixDrafter:
 
     def _append(self, tokens: List[int]) -> None:
         """Add ``tokens`` to the stream; each n-gram ending before a new position maps to it."""
-        s = self.stream
+        s, top = self.stream, self.sizes[-1]
         for t in tokens:
             s.append(t)
             p = len(s) - 1  # the n-grams ending at p - 1 are followed by position p
+            window = tuple(s[max(0, p - top):p])  # one slice for every size (their hashes match propose's)
             for n in self.sizes:
-                gram = s[p - n:p] if p >= n else None
-                if gram is None or SEPARATOR in gram:
+                if p < n or self.separated >= p - n:  # too short, or across a separator
                     self.before[n].append(-1)
                     continue
-                key = hash(tuple(gram))
-                self.before[n].append(self.latest[n].get(key, -1))
-                self.latest[n][key] = p
+                latest = self.latest[n]
+                key = hash(window[-n:])
+                self.before[n].append(latest.get(key, -1))
+                latest[key] = p
+            if t == SEPARATOR:
+                self.separated = p
 
     def _trim(self) -> None:
         """Keep the last ``memory`` tokens of earlier texts (the index rebuilt: once per
