@@ -238,7 +238,7 @@ def compiled(vocab_llm, lazy):
     if not lazy:
         return Grammar(vocab, n, GBNF)
     if id(vocab_llm) not in _STARTS:
-        _STARTS[id(vocab_llm)] = LazyStart(pieces(vocab, n), TRIGGER)
+        _STARTS[id(vocab_llm)] = LazyStart(pieces(vocab, range(n)), TRIGGER)
     return Grammar(vocab, n, LAZY_GBNF, lazy=_STARTS[id(vocab_llm)])
 
 
@@ -370,7 +370,7 @@ def test_a_lazy_grammar_allows_exactly_what_its_language_does(vocab_llm):
     grammar refuses are masked; the rest of the row is untouched."""
     from specgguf.llama.grammar import Free, LazyStart, pieces
     vocab, n = vocab_llm._model.vocab, vocab_llm.n_vocab()
-    every = pieces(vocab, n)
+    every = pieces(vocab, range(n))
     g = Grammar(vocab, n, 'root ::= "<tool_call>\n" [a-z]*', lazy=LazyStart(every, "<tool_call>"))
     eog = {t for t in range(n) if llama_cpp.llama_vocab_is_eog(vocab, t)}
 

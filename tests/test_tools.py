@@ -124,7 +124,7 @@ def test_every_grammar_compiles_in_llama_cpp(target):
     it at the call's first characters (a trigger the grammar's root begins with)."""
     from specgguf.llama.grammar import Grammar, LazyStart, pieces
     vocab, n = target._model.vocab, target.n_vocab()
-    every = pieces(vocab, n)
+    every = pieces(vocab, range(n))
     for args in ({"tools": TOOLS}, {"tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": True},
                  {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "set_light"}}}):
         t = ToolCalling.read(args)

@@ -127,7 +127,8 @@ class SpeculativeLlama(CompletionMethods):
         lazy = None
         if trigger is not None:
             if trigger not in self._lazy:
-                self._lazy[trigger] = LazyStart(pieces(*self.pair.vocab), trigger)
+                vocab, n = self.pair.vocab
+                self._lazy[trigger] = LazyStart(pieces(vocab, range(n)), trigger)
             lazy = self._lazy[trigger]
         return Grammar(*self.pair.vocab, text, lazy=lazy)
 

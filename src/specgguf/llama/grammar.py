@@ -17,21 +17,21 @@ refuses; here such tokens are masked before they can be picked.
 from __future__ import annotations
 
 import ctypes
-from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
 _TOKEN_DATA = np.dtype([("id", np.intc), ("logit", np.single), ("p", np.single)], align=True)
 
 
-def pieces(vocab, n_vocab: int) -> List[bytes]:
-    """Every token's bytes as llama.cpp's grammar engine reads them (special
-    tokens spelled out)."""
+def pieces(vocab, ids: Iterable[int], special: bool = True) -> List[bytes]:
+    """The bytes of tokens ``ids``, as llama.cpp's grammar engine reads them
+    (``special``: special tokens spelled out) or as text shows them."""
     import llama_cpp
     buf = ctypes.create_string_buffer(512)
     out = []
-    for t in range(n_vocab):
-        got = llama_cpp.llama_token_to_piece(vocab, t, buf, len(buf), 0, True)
+    for t in ids:
+        got = llama_cpp.llama_token_to_piece(vocab, t, buf, len(buf), 0, special)
         out.append(buf.raw[:got] if got > 0 else b"")
     return out
 
@@ -50,7 +50,7 @@ class LazyStart:
     first byte to the token's end (what the grammar must accept).
 
     Args:
-        pieces: every token's bytes (:func:`pieces`).
+        pieces: every token's bytes (:func:`pieces` of ``range(n_vocab)``).
         trigger: the text that starts the grammar (not empty).
     """
 

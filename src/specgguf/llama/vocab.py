@@ -16,13 +16,13 @@ specgguf check-pair``:
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass
 from typing import Optional
 
 import llama_cpp
 
 from ..ops.cross import Vocab, VocabMap
+from .grammar import pieces as token_pieces
 
 MAX_VOCAB_DIFF = 128  # padding rows, as llama.cpp allows (e.g. Qwen2.5 0.5B vs 7B)
 MIN_SHARED = 256      # fewer shared token strings than this: nothing but bytes in common
@@ -69,16 +69,11 @@ def vocab_of(llm: "llama_cpp.Llama") -> Vocab:
     its BOS if it adds one."""
     vocab = _vocab(llm)
     n = int(llama_cpp.llama_vocab_n_tokens(vocab))
-    buf = ctypes.create_string_buffer(512)
-
-    def piece(t: int, special: bool) -> bytes:
-        got = llama_cpp.llama_token_to_piece(vocab, t, buf, len(buf), 0, special)
-        return buf.raw[:got] if got > 0 else b""
-
-    pieces = [piece(t, False) for t in range(n)]
+    text = token_pieces(vocab, range(n), special=False)
     bos = int(llama_cpp.llama_vocab_bos(vocab)) if llama_cpp.llama_vocab_get_add_bos(vocab) else None
-    shown = {t: piece(t, True) for t in range(n) if not pieces[t] and t != bos}
-    return Vocab(pieces, lambda text: llm.tokenize(text, add_bos=False, special=False), bos, shown)
+    blank = [t for t in range(n) if not text[t] and t != bos]
+    shown = dict(zip(blank, token_pieces(vocab, blank)))
+    return Vocab(text, lambda s: llm.tokenize(s, add_bos=False, special=False), bos, shown)
 
 
 @dataclass
