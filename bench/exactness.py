@@ -47,6 +47,8 @@ def main() -> None:
     ap.add_argument("--seeded", action="store_true", help="T=0.8 with a seed per prompt instead of greedy")
     ap.add_argument("--parallel", type=int, default=1, help="run the prompts N at a time in shared rounds")
     ap.add_argument("--ctx", type=int, default=1024)
+    ap.add_argument("--threads", type=int, default=2, help="threads per model (1 leaves a core free: the texts "
+                                                             "do not depend on it; default %(default)s)")
     ap.add_argument("--target-type", default="f32", choices=["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_k_m",
                                                              "q4_k_m", "q6_k"],
                     help="the default target converted to this type (bench/invariance.py derives it once; "
@@ -61,9 +63,10 @@ def main() -> None:
     items = [every[i] for i in chosen]
     from bench.invariance import model_file
     target = str(model_file(a.target_type))
-    spec = SpeculativeLlama(target, models.fetch("smollm2-135m-q4_1"), n_ctx=a.ctx, n_threads=2, parallel=a.parallel)
+    spec = SpeculativeLlama(target, models.fetch("smollm2-135m-q4_1"), n_ctx=a.ctx, n_threads=a.threads,
+                            parallel=a.parallel)
     poor = None if a.parallel > 1 else SpeculativeLlama(target, models.fetch("smollm2-135m-q2_k"), n_ctx=a.ctx,
-                                                        n_threads=2)
+                                                        n_threads=a.threads)
     mode = "seeded T=0.8" if a.seeded else "greedy"
     print(f"# exactness: {a.target_type} target, {len(items)} prompts [{a.prompts}], {a.tokens} tokens, {mode}, "
           f"parallel {a.parallel}, "

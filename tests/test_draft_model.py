@@ -87,7 +87,7 @@ def test_a_lookup_in_front_of_the_draft_keeps_llamas_output(pair):
         want = text(plain.create_chat_completion(msgs(prompt), max_tokens=48, temperature=0))
         assert text(llm.create_chat_completion(msgs(prompt), max_tokens=48, temperature=0)) == want
     assert d.stats["accepted"] > 0
-    assert d.lookup.policy.regimes["greedy"].seen > 0, "the lookup never drafted on a copy prompt"
+    assert d.lookup.length.regimes["greedy"].seen > 0, "the lookup never drafted on a copy prompt"
 
 
 def test_the_next_call_tells_how_many_were_accepted():

@@ -219,7 +219,7 @@ def _policy(target, draft, acceptance, split=False):
     for n in (1, 2, 4, 8, 16, 32):
         p.costs.target.observe(n, target(n))
         p.costs.draft.observe(n, draft(n))
-    p.regime("greedy").measured(acceptance, 1000)  # well known: 1000 positions
+    p.measured("greedy", acceptance, 1000)  # well known: 1000 positions
     return p
 
 
@@ -274,7 +274,7 @@ def test_a_request_whose_draft_lags_its_prompt_drafts_when_the_catch_up_repays()
         p.costs.target.observe(n, 0.0354 + 0.0087 * n + 0.0002 * n)
     for n in (1, 2, 3, 20):
         p.costs.draft.observe(n, 0.0049 + 0.0151 * n if n < 20 else 0.138 + 0.0083 * n)
-    p.regime("greedy").measured(0.95, 20)
+    p.measured("greedy", 0.95, 20)
     assert p.choose([SlotView("greedy", 8, False, 1, 20, 127)])[0] >= 3
     assert p.choose([SlotView("greedy", 1, False, 1, 20, 2)]) == [0]  # two tokens left (K <= 1): not worth it
     p.regimes["greedy"].idle = Tuning.retry  # a lone slot long without drafting retries
@@ -287,6 +287,7 @@ def test_a_new_request_fills_a_gap_and_a_next_turn_goes_back_to_its_slot(pairs):
     fills the gap next to the busy slots; one sharing more than RUN_TOKENS
     (a conversation's next turn) goes back to its slot."""
     from specgguf.engine.batch import Slots, Ticket
+    from specgguf.engine.draft_length import FixedK
     from specgguf.ops.sampling import Sampler
     many, _ = pairs
     m = many.pair.target.model
@@ -296,7 +297,7 @@ def test_a_new_request_fills_a_gap_and_a_next_turn_goes_back_to_its_slot(pairs):
     assert len(long_text) == Slots.RUN_TOKENS + 60
     m.eval_many([(0, many.tokenize(PROMPTS[0]), 1), (2, long_text, 1)])
     slots = Slots(m)
-    ticket = lambda ids: Ticket(ids, 4, frozenset(), Sampler(), "greedy", None, lambda: None)  # noqa: E731
+    ticket = lambda ids: Ticket(ids, 4, frozenset(), Sampler(), "greedy", FixedK(4), lambda: None)  # noqa: E731
     slots.running[0] = ticket(many.tokenize(PROMPTS[0]))  # slot 0 busy; 1 and 2 free
     few = long_text[:20] + many.tokenize(" something else")
     assert slots._place(ticket(few), [1, 2]) == 1  # 20 tokens kept are not worth a second pass

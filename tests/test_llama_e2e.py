@@ -343,7 +343,7 @@ def test_an_ngram_draft_is_probed_again_soon_after_an_early_miss(target):
     after a first miss, k="auto" drafts again within 4 rounds (measured on
     the copy-heavy prompt: waiting 16 plain rounds cost the first call a
     third of its speed-up)."""
-    policy = SpeculativeLlama(target, "ngram").learning.policy(specgguf.GenerationConfig(k="auto"))
+    policy = SpeculativeLlama(target, "ngram").learning.length(specgguf.GenerationConfig(k="auto"))
     view = SlotView("greedy", 8, draft_lag=0, remaining=100)
     policy.round_done([view], [0], Measured(1, 0.02))  # a plain round, timed
     k = policy.choose([view])[0]
@@ -438,8 +438,8 @@ def test_sampled_evidence_and_priors_stay_in_their_regime(target, draft):
     s.generate(msgs(PROMPTS[1]), max_tokens=64, k="auto")
     assert s.learning.state.evidence("greedy") is not None
     assert s.learning.state.evidence(cfg(temperature=0.8).regime) is None  # greedy runs write greedy evidence only
-    policy = s.learning.policy(cfg())  # one policy for the pair, the regimes' acceptance apart in it
-    assert policy is s.learning.policy(cfg(temperature=0.8))
+    policy = s.learning.length(cfg())  # one policy for the pair, the regimes' acceptance apart in it
+    assert policy is s.learning.length(cfg(temperature=0.8))
     assert policy.acceptance("greedy") is not policy.acceptance(cfg(temperature=0.8).regime)
 
 
@@ -464,13 +464,13 @@ def test_a_process_measures_its_draft_once_and_clock_blind_runs_store_nothing(ta
     calls = []
     measure = lambda: calls.append(1)  # noqa: E731
     view = SlotView(regime, 8, target_lag=40, draft_lag=40, remaining=200)
-    s.learning.policy(cfg(temperature=0.8, k="auto", drafter_invariant=False), measure, view)
+    s.learning.length(cfg(temperature=0.8, k="auto", drafter_invariant=False), measure, view)
     assert calls == []  # this process knows the draft now
     again = SpeculativeLlama(target, poor_draft).learning  # what a new process would find
-    policy = again.policy(cfg(temperature=0.8, k="auto", drafter_invariant=False), measure, view)
+    policy = again.length(cfg(temperature=0.8, k="auto", drafter_invariant=False), measure, view)
     assert calls == [1] and policy.acceptance(regime).total[1] > 0  # it measures again, from the stored prior
     short = SlotView(regime, 8, target_lag=400, draft_lag=400, remaining=6)
-    SpeculativeLlama(target, poor_draft).learning.policy(cfg(k="auto"), measure, replace(short, regime="greedy"))
+    SpeculativeLlama(target, poor_draft).learning.length(cfg(k="auto"), measure, replace(short, regime="greedy"))
     assert calls == [1]
 
 

@@ -8,6 +8,7 @@ import pytest
 
 import specgguf
 from specgguf.ops.drafter import CallbackDrafter, Draft
+from specgguf.engine.draft_length import FixedK
 from specgguf.engine.lookup_first import LookupFirst, next_turn
 from specgguf.engine.policy import Policy, SlotView
 from specgguf.ops.ngram import NgramDrafter
@@ -51,13 +52,13 @@ class CountingModel:
 
 def test_the_lookup_drafts_only_with_a_match_and_its_own_k():
     model = CountingModel()
-    lookup = LookupFirst(NgramDrafter(), None, 2)
-    turn = next_turn([1, 2, 3, 1, 2], VIEW, model, None, 4, lookup)
+    lookup = LookupFirst(NgramDrafter(), FixedK(2))
+    turn = next_turn([1, 2, 3, 1, 2], VIEW, model, FixedK(4), lookup)
     assert turn.drafter is lookup.lookup and turn.k == 2
     assert turn.drafter.propose([1, 2, 3, 1, 2], turn.k).tokens == [3, 1] and model.calls == []
-    turn = next_turn([1, 2, 3, 4], VIEW, model, None, 4, lookup)  # no match: the model's turn, its own K
+    turn = next_turn([1, 2, 3, 4], VIEW, model, FixedK(4), lookup)  # no match: the model's turn, its own K
     assert turn.drafter is model and turn.k == 4
-    assert next_turn([1, 2, 3, 1, 2], VIEW, model, None, 4, LookupFirst(NgramDrafter(), None, 0)).drafter is model
+    assert next_turn([1, 2, 3, 1, 2], VIEW, model, FixedK(4), LookupFirst(NgramDrafter(), FixedK(0))).drafter is model
 
 
 def test_the_models_lag_grows_while_the_lookup_drafts():
@@ -67,14 +68,14 @@ def test_the_models_lag_grows_while_the_lookup_drafts():
     weighs that catch-up (the old decoder counted the lookup's proposal as
     the model's)."""
     model = CountingModel()
-    lookup = LookupFirst(NgramDrafter(), None, 3)
+    lookup = LookupFirst(NgramDrafter(), FixedK(3))
     ctx = [5, 6, 7, 8]
-    turn = next_turn(ctx, VIEW, model, None, 3, lookup)
+    turn = next_turn(ctx, VIEW, model, FixedK(3), lookup)
     turn.drafter.propose(ctx, turn.k)  # no match: the model drafts and evaluates ctx + 2 tokens
     ctx = ctx + [0, 0, 9]  # two accepted, then a correction
     assert model.lag(ctx) == 1
     ctx = ctx + [5, 6, 7]  # ... the text repeats: the lookup proposes from now on
-    turn = next_turn(ctx, VIEW, model, None, 3, lookup)
+    turn = next_turn(ctx, VIEW, model, FixedK(3), lookup)
     assert turn.drafter.propose(ctx, turn.k).tokens == [8, 0, 0] and model.calls == [3]
     ctx = ctx + [8, 0, 0, 9]
     assert model.lag(ctx) == 1 + 3 + 4  # the model saw none of it
@@ -102,16 +103,16 @@ def test_lookup_rounds_and_model_rounds_teach_their_own_policies():
     model = CallbackDrafter(lambda prefix, k: ([31] * k, None))
     model_policy = Policy(8)
     lookup = LookupFirst(NgramDrafter(n_min=2), Policy(8, free_draft=True))
-    model_policy.regime("greedy").measured(0.9, 32)  # make the model draft at first: it is wrong every time
+    model_policy.measured("greedy", 0.9, 32)  # make the model draft at first: it is wrong every time
     model_acc0 = model_policy.acceptance("greedy").total[0]
     dec = specgguf.SpeculativeDecoder(model, target_step, k=model_policy, lookup=lookup, regime="greedy")
     out = dec.generate([1, 2], 120)
     assert out == [passage[i % 10] for i in range(120)]  # exact: greedy target decoding
-    look_acc, look_ver = lookup.policy.acceptance("greedy").total
+    look_acc, look_ver = lookup.length.acceptance("greedy").total
     assert look_ver > 50 and look_acc == pytest.approx(look_ver)  # every lookup token was the passage's
     assert model_policy.regimes["greedy"].seen > 32  # the model drafted too ...
     assert model_policy.acceptance("greedy").total[0] < 0.5 * model_acc0  # ... and was wrong every time
-    assert lookup.policy.costs.target.s and model_policy.costs.target.s  # both timed plain rounds
+    assert lookup.length.costs.target.s and model_policy.costs.target.s  # both timed plain rounds
 
 
 def test_ngram_draft_is_exact_through_the_decoder():

@@ -64,7 +64,7 @@ def test_picks_the_k_the_formula_says(a):
     """Timing its own forwards, the policy settles on the K with the most
     tokens per second (or one within 3% of it: the estimates are statistical)."""
     policy = Policy(8)
-    policy.regime("greedy").measured(a, 32)
+    policy.measured("greedy", a, 32)
     ks = Player(policy, BOARD, np.random.default_rng(0)).play(a, 1500)
     want = best_k(a, BOARD)
     assert want > 0
@@ -75,13 +75,13 @@ def test_picks_the_k_the_formula_says(a):
 def test_picks_zero_when_the_draft_cannot_pay():
     assert best_k(0.5, HERE) == 0
     policy = Policy(8)
-    policy.regime("greedy").measured(0.5, 32)
+    policy.measured("greedy", 0.5, 32)
     ks = Player(policy, HERE, np.random.default_rng(1)).play(0.5, 1000)
     assert ks[-800:].count(0) >= 0.99 * 800  # plain decoding, a rare try at most
     # A draft as slow as the target never pays: once measured, it is never drafted again.
     hopeless = dict(target=HERE["target"], draft=lambda n: 0.03 * n)
     policy = Policy(8)
-    policy.regime("greedy").measured(0.9, 32)
+    policy.measured("greedy", 0.9, 32)
     ks = Player(policy, hopeless, np.random.default_rng(1)).play(0.9, 500)
     assert sum(k > 0 for k in ks[20:]) <= 3
 
@@ -126,11 +126,11 @@ def test_a_good_draft_drafts_every_round_and_a_blind_policy_times_nothing():
     every reading moves, reprices it: the simulator read 0.96 of the best
     fixed K at worst without them, 0.949 with one in 32)."""
     policy = Policy(8)
-    policy.regime("greedy").measured(0.97, 32)
+    policy.measured("greedy", 0.97, 32)
     ks = Player(policy, BOARD, np.random.default_rng(3)).play(0.97, 600)
     assert ks[5:].count(0) <= 3
     frozen = Policy(8, clock=False)  # seeded p/q runs: the timing must not change the text
-    frozen.regime("greedy").measured(0.97, 32)
+    frozen.measured("greedy", 0.97, 32)
     ks = Player(frozen, BOARD, np.random.default_rng(0)).play(0.99, 300)
     assert 0 not in ks[1:] and not frozen.costs.target.s
 
@@ -147,7 +147,7 @@ def test_a_round_after_a_rejection_has_its_own_first_position():
 
 def test_no_drafting_whose_catch_up_cannot_be_won_back():
     policy = Policy(8)
-    policy.regime("greedy").measured(0.9, 32)
+    policy.measured("greedy", 0.9, 32)
     Player(policy, BOARD, np.random.default_rng(5)).play(0.9, 60)
     lag = 2000  # the draft is far behind: its catch-up costs about a target forward of 2000 tokens' worth
     assert policy.choose([SlotView("greedy", 8, draft_lag=lag, remaining=2)]) == [0]
@@ -169,7 +169,7 @@ def test_a_prompt_does_not_price_a_round_and_a_catch_up_is_priced_as_timed():
     p.round_done([SlotView("greedy", 0, target_lag=41)], [0], Measured(41, 0.2, [(40, 0.1, 1)], 1, 0.0))
     assert 41 not in p.costs.target.s and p.costs.target(5) == pytest.approx(target(5), rel=0.02)
     assert p.costs.draft(40) == pytest.approx(0.1, rel=0.02)
-    p.regime("greedy").measured(0.9, 1000)
+    p.measured("greedy", 0.9, 1000)
     assert p.choose([SlotView("greedy", 8, draft_lag=40, remaining=128)])[0] > 0  # a draft 40 tokens behind drafts
 
 
@@ -185,7 +185,7 @@ def test_a_single_token_forward_is_priced_as_timed_not_off_the_line():
     for _ in range(20):
         p.round_done([view], [1], Measured(2, 0.031, [(1, 0.011, 1)], 2))
     assert p.costs.seconds([view], [0]) < 0.0225  # one token as timed, not off a line through the rounds
-    p.regime("greedy").measured(0.6, 64)
+    p.measured("greedy", 0.6, 64)
     assert p.choose([SlotView("greedy", 8, remaining=100)]) == [0]
 
 
@@ -193,7 +193,7 @@ def test_p_min_auto_is_the_confidence_one_more_draft_token_needs():
     """A draft token the draft is less sure of than what one more draft
     token costs, in tokens at the best rate, is not drafted."""
     policy = Policy(4)
-    policy.regime("greedy").measured(0.9, 32)
+    policy.measured("greedy", 0.9, 32)
     view = SlotView("greedy", 4)
     policy.round_done([view], [0], Measured(1, 1.0, (), 1, 0.0))
     policy.round_done([view], [1], Measured(2, 1.1, [(1, 0.1, 1)], 2, 0.0))
@@ -214,7 +214,7 @@ def test_a_stored_record_is_a_prior_and_a_measurement_outweighs_it():
     policy = Policy(8)
     policy.acceptance("greedy").add_record(est.record())
     assert not policy.regime("greedy").known and policy.acceptance("greedy").per_position()[0] < 0.3
-    policy.regime("greedy").measured(0.95, 32)  # this process's prompt, scored by both models
+    policy.measured("greedy", 0.95, 32)  # this process's prompt, scored by both models
     assert policy.regime("greedy").known and min(policy.acceptance("greedy").per_position()) > 0.85
 
 
@@ -225,16 +225,16 @@ def test_the_record_a_run_leaves_is_the_next_processs_prior(tmp_path):
     state, config = PairState(Store(tmp_path), "t+d"), GenerationConfig(k="auto")
     first = Learning(state)
     view = SlotView(config.regime, 8, target_lag=40, draft_lag=40, remaining=200)
-    policy = first.policy(config, lambda: (0.3, 32), view)
+    policy = first.length(config, lambda: (0.3, 32), view)
     assert policy.regime(config.regime).known  # it measured
     Player(policy, HERE, np.random.default_rng(4)).play(0.3, 100)
     first.finish(policy, config)
-    later = Learning(state).policy(config)  # no measurement: it keeps to the record, a few observations' worth
+    later = Learning(state).length(config)  # no measurement: it keeps to the record, a few observations' worth
     assert later.acceptance(config.regime).total[1] == pytest.approx(Tuning.prior)
     assert later.acceptance(config.regime).per_position()[0] < 0.5
     assert not later.regime(config.regime).known  # and it would measure, given the chance
     asked = []
-    Learning(state).policy(config, lambda: asked.append(1), view)
+    Learning(state).length(config, lambda: asked.append(1), view)
     assert asked == [1]
 
 
@@ -256,14 +256,14 @@ def test_the_guard_forgets_an_estimate_the_text_contradicts():
     knew; without it a draft that had turned poor was retried after every
     plain round (simulator: 0.95 of plain)."""
     p = Policy(8)
-    p.regime("greedy").measured(0.9, 1000)
+    p.measured("greedy", 0.9, 1000)
     est = p.acceptance("greedy")
     before = est.total[1]
     for _ in range(5):
         p.observe("greedy", 6, 0, False)  # rejected at once, round after round
     assert est.total[1] < 0.3 * before
     q = Policy(8)
-    q.regime("greedy").measured(0.9, 1000)
+    q.measured("greedy", 0.9, 1000)
     for _ in range(20):  # what was promised, about
         q.observe("greedy", 4, 3, False)
         q.observe("greedy", 4, 4, False)
@@ -282,7 +282,7 @@ def test_drafting_priced_in_a_slow_phase_is_tried_again():
 
     def run(explore: bool):
         policy = Policy(8, tuning=Tuning() if explore else Tuning(retry=10 ** 9))
-        policy.regime("greedy").measured(0.95, 32)
+        policy.measured("greedy", 0.95, 32)
         player = Player(policy, fast, np.random.default_rng(1))
         phase = player.play(0.95, 80, costs=slow)
         return phase, player.play(0.95, 400)
@@ -296,7 +296,7 @@ def test_drafting_priced_in_a_slow_phase_is_tried_again():
 def test_explain_says_what_the_choice_rests_on():
     policy = Policy(8)
     assert "no forward timed yet" in policy.explain("greedy")
-    policy.regime("greedy").measured(0.95, 32)
+    policy.measured("greedy", 0.95, 32)
     Player(policy, BOARD, np.random.default_rng(0)).play(0.95, 20)
     line = policy.explain("greedy")
     assert "predicted at" in line and "acceptance" in line and "this process's rounds" in line

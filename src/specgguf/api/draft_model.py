@@ -41,6 +41,7 @@ from ..llama.vocab import check_vocab
 from ..llama.models import resolve_model
 from ..ops.ngram import NgramDrafter
 from ..engine.lookup_first import LookupFirst, Turn, measured, next_turn, report
+from ..engine.draft_length import draft_length
 from ..engine.policy import Policy, SlotView
 
 
@@ -103,11 +104,9 @@ class DraftModel(LlamaDraftModel):
         """Empty the KV cache, forget the last round, zero the stats."""
         with self.guard:
             self.model.reset()
-            auto = self.k == "auto"
-            self.policy = Policy(AUTO_K_MAX) if auto else None
+            self.length = draft_length(self.k, lambda: Policy(AUTO_K_MAX))
             self.lookup = None if self.ngram is None else LookupFirst(
-                self.ngram, Policy(AUTO_K_MAX, free_draft=True) if auto else None,
-                0 if auto else int(self.k))
+                self.ngram, draft_length(self.k, lambda: Policy(AUTO_K_MAX, free_draft=True)))
             self.after_miss = False
             self.last: Optional[_Round] = None
             self._stats: Dict[str, object] = {"calls": 0, "drafted": 0, "accepted": 0, "k_hist": {},
@@ -122,7 +121,7 @@ class DraftModel(LlamaDraftModel):
         s = dict(self._stats)
         s["acceptance_rate"] = s["accepted"] / s["drafted"] if s["drafted"] else 0.0
         s["k_chosen"] = dict(sorted(s.pop("k_hist").items()))
-        s["why"] = self.policy.explain(REGIME) if self.policy is not None else None
+        s["why"] = self.length.explain(REGIME)
         return s
 
     def check(self, target: "llama_cpp.Llama") -> None:
@@ -138,10 +137,9 @@ class DraftModel(LlamaDraftModel):
                 raise ValueError(f"token id {bad} is out of range for the draft's vocabulary of "
                                  f"{self.model.model_vocab}: the draft and the target do not share a tokenizer")
             self._learn(ids)
-            k_max = AUTO_K_MAX if self.policy is not None else int(self.k)
-            lag = self.model.lag(ids) if self.policy is not None else 1
-            view = SlotView(REGIME, k_max, self.policy is None, 1, lag, None, self.after_miss)
-            turn = next_turn(ids, view, self.drafter, self.policy, k_max, self.lookup)
+            lag = self.model.lag(ids) if self.length.auto else 1  # O(context): only a policy weighs it
+            view = SlotView(REGIME, self.length.k_max, False, 1, lag, None, self.after_miss)
+            turn = next_turn(ids, view, self.drafter, self.length, self.lookup)
             t0 = time.perf_counter()
             draft = turn.drafter.propose(ids, turn.k) if turn.k > 0 else None
             self.last = _Round(ids, turn, draft, t0)

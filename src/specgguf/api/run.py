@@ -67,24 +67,23 @@ class Runner:
             budget = self.budget(ids, config)
             view = SlotView(config.regime, AUTO_K_MAX, target_lag=max(1, len(ids) - cached),
                             draft_lag=pair.drafter.lag(ids), remaining=budget)
-            policy = self.learning.policy(config, lambda: pair.prompt_agreement(ids, sampler), view)
+            length = self.learning.length(config, lambda: pair.prompt_agreement(ids, sampler), view)
             # A seeded p/q text depends on what was drafted: its lookups remember no earlier call.
             forget = clock_blind(config)
             lookup = None if pair.lookup is None else LookupFirst(
-                SuffixDrafter(0) if forget else pair.lookup, self.learning.lookup_policy(config),
-                0 if config.k == "auto" else config.k)
+                SuffixDrafter(0) if forget else pair.lookup, self.learning.lookup_length(config))
             drafter = SuffixDrafter(0) if forget and isinstance(pair.drafter, SuffixDrafter) else pair.drafter
-            dec = SpeculativeDecoder(drafter, pair.target, k=policy or config.k, sampler=sampler,
+            dec = SpeculativeDecoder(drafter, pair.target, k=length, sampler=sampler,
                                      p_min=config.p_min, plain_first=True, lookup=lookup,  # the first token at once
                                      regime=config.regime)
             out, produced = self._text(config), []
             tokens = dec.stream(ids, budget, stop_tokens=pair.eog)
             yield from self._decode(tokens, out, should_stop, produced, sampler, dec.stats)
             seconds = time.perf_counter() - t0
-            self.learning.finish(policy, config)
+            self.learning.finish(length, config)
             res = self._result(dec, out, produced[:out.n_tokens()], len(ids), seconds, before)
             res.stats["cached_tokens"] = max(0, cached)
-            res.stats["why"] = policy.explain(config.regime) if policy else None
+            res.stats["why"] = length.explain(config.regime)
             yield res
 
     def _in_engine(self, ids: List[int], config: GenerationConfig, sampler: Sampler, should_stop) -> Iterator:
@@ -92,14 +91,14 @@ class Runner:
         pair, engine = self.pair, self.engine
         t0, before = time.perf_counter(), pair.timers()
         ticket = engine.submit(ids, self.budget(ids, config), pair.eog, sampler, config.regime,
-                               None if config.k == "auto" else config.k, config.p_min,
+                               config.k, config.p_min,
                                start=lambda: self.learning.ready(self.learning.online, config))
         out, produced = self._text(config), []
         yield from self._decode(iter(ticket), out, should_stop, produced, sampler, ticket.stats)
         self.learning.keep(config.regime, engine.record(config.regime))  # for later processes
         res = self._result(ticket, out, produced[:out.n_tokens()], len(ids), time.perf_counter() - t0, before)
         res.stats["cached_tokens"] = ticket.cached
-        res.stats["why"] = engine.explain(config.regime) if config.k == "auto" else None
+        res.stats["why"] = engine.explain(ticket)
         yield res
 
     def budget(self, ids: List[int], config: GenerationConfig) -> int:

@@ -42,6 +42,7 @@ from typing import Deque, FrozenSet, List, Optional, Sequence
 import numpy as np
 
 from .decoder import DecoderStats
+from .draft_length import DraftLength, draft_length
 from .lookup_first import FROM_DRAFT, FROM_LOOKUP, FROM_TARGET, lookup_view
 from .policy import Measured, Policy, SlotView
 from ..ops.drafter import Draft, common_prefix
@@ -58,13 +59,14 @@ class Ticket:
     Iterating yields the generated token ids as rounds produce them (as
     :meth:`~specgguf.engine.decoder.SpeculativeDecoder.stream` does); leaving the
     loop early or :meth:`close` cancels the request. ``stats`` holds its
-    :class:`~specgguf.engine.decoder.DecoderStats`; ``sampler`` its rule.
+    :class:`~specgguf.engine.decoder.DecoderStats`; ``sampler`` its rule;
+    ``length`` its K object (a fixed K, or the engine's policy).
     """
 
     def __init__(self, ids: Sequence[int], budget: int, stops: FrozenSet[int], sampler: Sampler,
-                 regime: str, k: Optional[int], wake, p_min=None) -> None:
+                 regime: str, length: DraftLength, wake, p_min=None) -> None:
         self.ids, self.budget, self.stops, self.sampler = list(ids), budget, stops, sampler
-        self.regime, self.k, self.p_min, self._wake = regime, k, p_min, wake
+        self.regime, self.length, self.p_min, self._wake = regime, length, p_min, wake
         self.stats = DecoderStats()
         self.queue: "queue.SimpleQueue" = queue.SimpleQueue()
         self.cancelled = False
@@ -91,13 +93,15 @@ class Ticket:
             self._wake()
 
     # -- the engine's side --------------------------------------------------
-    def view(self, target: LlamaModel, draft: Optional[LlamaModel], k_max: int) -> SlotView:
-        """What the policy needs of the request this round: it drafts up to
-        ``k_max`` (its own fixed K instead), none while its prompt is read."""
+    def view(self, target: LlamaModel, draft: Optional[LlamaModel], can: bool) -> SlotView:
+        """What the policy needs of the request this round: it drafts up to its
+        K object's ``k_max`` (a fixed K: exactly that, as ``fixed`` tells the
+        policy), none while its prompt is read or when nothing can draft (``can``)."""
         t_lag, remaining = target.lag(self.ids, self.slot), self.budget - self.stats.emitted
-        cap = 0 if t_lag > 1 or not k_max else min(k_max if self.k is None else self.k, remaining - 1)
+        cap = 0 if t_lag > 1 or not can else min(self.length.k_max, remaining - 1)
         d_lag = draft.lag(self.ids, self.slot) if draft is not None else 0
-        return SlotView(self.regime, max(0, cap), self.k is not None, t_lag, d_lag, remaining, self.after_miss, self.slot)
+        return SlotView(self.regime, max(0, cap), not self.length.auto, t_lag, d_lag, remaining, self.after_miss,
+                        self.slot)
 
     def emit(self, tokens: Sequence[int], n_draft: int, source: int = FROM_DRAFT) -> bool:
         """Hand ``tokens`` (the first ``n_draft`` accepted drafts, from ``source``:
@@ -228,14 +232,15 @@ class Engine:
             return self.slots.busy()
 
     def submit(self, ids: Sequence[int], budget: int, stops: FrozenSet[int], sampler: Sampler, regime: str,
-               k: Optional[int] = None, p_min=None, start=None) -> Ticket:
+               k="auto", p_min=None, start=None) -> Ticket:
         """Queue a request: decode up to ``budget`` tokens after ``ids`` with
         ``sampler``'s rule, its acceptance pooled under ``regime``; ``k``: a
-        fixed K, or None for the policy's; ``p_min``: its draft confidence
-        cutoff (None, a float, or "auto": the policy's); ``start()``: run
-        under the engine's lock first (where the caller readies the policy's
-        regime: the engine's thread reads the policy meanwhile)."""
-        ticket = Ticket(ids, budget, stops, sampler, regime, k, self.wake, p_min)
+        fixed K or "auto" (the engine's policy: :func:`~specgguf.engine.draft_length.draft_length`);
+        ``p_min``: its draft confidence cutoff
+        (None, a float, or "auto": the policy's); ``start()``: run under the
+        engine's lock first (where the caller readies the policy's regime: the
+        engine's thread reads the policy meanwhile)."""
+        ticket = Ticket(ids, budget, stops, sampler, regime, draft_length(k, lambda: self.policy), self.wake, p_min)
         with self.cond:
             if start is not None:
                 start()
@@ -250,15 +255,16 @@ class Engine:
             self.cond.notify()
         return ticket
 
-    def explain(self, regime: str) -> str:
-        """The policy's one line on drafting in ``regime`` (see :meth:`Policy.explain`)."""
+    def explain(self, ticket: Ticket) -> Optional[str]:
+        """``ticket``'s K object's one line on drafting in its regime (see
+        :meth:`Policy.explain`; a fixed K: None)."""
         with self.cond:
-            return self.policy.explain(regime)
+            return ticket.length.explain(ticket.regime)
 
-    def record(self, regime: str) -> dict:
+    def record(self, regime: str) -> Optional[dict]:
         """What the policy knows of the draft's acceptance in ``regime``, for the state store."""
         with self.cond:
-            return self.policy.acceptance(regime).record()
+            return self.policy.record(regime)
 
     def wake(self) -> None:
         with self.cond:
@@ -284,7 +290,7 @@ class Engine:
 
     def _round(self, active: Sequence[Ticket]) -> None:
         can = self.draft is not None or self.ngram is not None
-        views = [t.view(self.target, self.draft, self.policy.k_max if can else 0) for t in active]
+        views = [t.view(self.target, self.draft, can) for t in active]
         with self.cond:  # the policy is shared with submit's callers
             looked = self._looked(active, views)  # {index: K}: the slots a lookup drafts for this round
             ks = [0 if i in looked else k for i, k in enumerate(self.policy.choose(views))]
@@ -303,7 +309,7 @@ class Engine:
         with self.cond:
             for i, (t, d, rows) in enumerate(zip(active, drafts, logits)):
                 if measured.get(i) is not None:
-                    self.policy.regime(t.regime).measured(*measured[i])
+                    self.policy.measured(t.regime, *measured[i])
                 rows = rows[measure.get(i, 0):]
                 try:  # a request's own rules (a grammar with no way on) fail that request only
                     n, nxt = t.sampler.verify(t.sampler.target_rows(rows, t.ids + d.tokens), d, t.stats.emitted)
@@ -365,7 +371,7 @@ def to_measure(active: Sequence[Ticket], views: Sequence[SlotView], policy: Poli
     into a poor draft pays its whole catch-up to learn three tokens."""
     out, regimes = {}, set()
     for i, (t, v) in enumerate(zip(active, views)):
-        if t.k is None and v.target_lag > 1 and t.regime not in regimes and policy.worth_measuring(v):
+        if t.length is policy and v.target_lag > 1 and t.regime not in regimes and policy.worth_measuring(v):
             n = prompt_rows(t.ids, v.target_lag)
             if n:
                 out[i] = n

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..checks import check_int, check_p_min
 from ..ops.drafter import Draft, Drafter, CallbackDrafter
+from .draft_length import FixedK, draft_length
 from .lookup_first import FROM_DRAFT, FROM_LOOKUP, FROM_TARGET, LookupFirst, Turn, measured, next_turn, report
 from .policy import Policy, SlotView
 from ..ops.sampling import Sampler
@@ -147,7 +148,8 @@ class SpeculativeDecoder:
         target_step: ``(prefix, proposed) -> [len(proposed)+1, V]``.
         k: draft tokens per round (0 = plain target decoding), ``"auto"``
             (a :class:`~specgguf.engine.policy.Policy` picks K each round), or
-            a ``Policy`` (shared with other runs: what it learns carries over).
+            a K object (a ``Policy`` shared with other runs: what it learns
+            carries over; see :mod:`~specgguf.engine.draft_length`).
         greedy: True verifies with :func:`~specgguf.verify_greedy` (output is
             exactly greedy target decoding); False with :func:`~specgguf.accept`
             (output distributed exactly as sampling the target).
@@ -169,7 +171,7 @@ class SpeculativeDecoder:
     """
 
     def __init__(self, drafter: Union[Drafter, Callable[..., tuple]], target_step: TargetStep,
-                 k: Union[int, str, Policy] = 4, greedy: bool = True, generator: GeneratorLike = None,
+                 k: Union[int, str, Policy, FixedK] = 4, greedy: bool = True, generator: GeneratorLike = None,
                  p_min: Union[None, float, str] = None, sampler: Optional[Sampler] = None,
                  plain_first: bool = False, lookup: Optional[LookupFirst] = None,
                  regime: Optional[str] = None) -> None:
@@ -178,17 +180,10 @@ class SpeculativeDecoder:
         self.drafter = drafter if isinstance(drafter, Drafter) else CallbackDrafter(drafter)
         self.target_step = target_step
         self.sampler = sampler or Sampler("greedy" if greedy else "exact", generator=generator)
-        self.policy: Optional[Policy] = None
-        if isinstance(k, Policy):
-            self.policy = k
-        elif k == "auto":
-            # Costs from the clock only where it cannot change the output.
-            self.policy = Policy(clock=self.sampler.rule != "exact" or generator is None)
-        elif isinstance(k, str):
-            raise ValueError(f"k must be an int >= 0, 'auto' or a Policy, got {k!r}")
-        self.k = self.policy.k_max if self.policy else check_int("k", k, 0)
+        # Costs from the clock only where it cannot change the output.
+        self.length = draft_length(k, lambda: Policy(clock=self.sampler.rule != "exact" or generator is None))
         self.p_min = check_p_min(p_min)
-        if p_min == "auto" and self.policy is None:
+        if p_min == "auto" and not self.length.auto:
             raise ValueError("p_min='auto' is set by the draft policy's costs: use it with k='auto'")
         self.plain_first = plain_first
         self.lookup = lookup
@@ -228,7 +223,7 @@ class SpeculativeDecoder:
             n, nxt = self.sampler.verify(target, draft, stats.emitted)
             t3 = time.perf_counter()
             stats.verify_seconds += t3 - t2
-            capped = turn.k == turn.view.cap < self.k  # the tokens left, not the drafter, ended the draft
+            capped = turn.k == turn.view.cap < self.length.k_max  # the tokens left, not the drafter, ended it
             stop = None if turn.k == 0 else ("max_new" if capped and draft.stop == "max" else draft.stop)
             stats.record(len(draft.tokens), n, stop, seconds=(t1 - t0, t2 - t1))
             report(turn, self.lookup, draft, n, measured(turn, draft, t1 - t0, t2 - t1, t3 - t0))
@@ -247,13 +242,13 @@ class SpeculativeDecoder:
         (a round emits up to K + 1: never past max_new), none in a first round
         that is to give its token at once (``plain_first``)."""
         first = self.stats.rounds == 0
-        cap = 0 if first and self.plain_first else min(self.k, remaining - 1)
-        lag = self.drafter.lag(prefix) if self.policy is not None else 1  # O(context): only for a policy
+        cap = 0 if first and self.plain_first else min(self.length.k_max, remaining - 1)
+        lag = self.drafter.lag(prefix) if self.length.auto else 1  # O(context): only a policy weighs it
         # A first round reads the prompt, or nothing when the target holds it with the row after it
         # (the prompt's measurement left it so): a round that ran no forward times none.
         t_lag = getattr(self.target_step, "lag", lambda p: len(p))(prefix) if first else 1
-        view = SlotView(self.regime, cap, self.policy is None, t_lag, lag, remaining, after_miss)
-        return next_turn(prefix, view, self.drafter, self.policy, self.k, self.lookup)
+        view = SlotView(self.regime, cap, False, t_lag, lag, remaining, after_miss)
+        return next_turn(prefix, view, self.drafter, self.length, self.lookup)
 
     def _draft(self, turn: Turn, prefix: List[int]) -> Draft:
         k = turn.k
@@ -261,7 +256,7 @@ class SpeculativeDecoder:
             return Draft(forwards=[])
         p_min = self.p_min
         if p_min == "auto":  # from the costs of the policy that chose this round's drafter
-            p_min = turn.policy.p_min(self.regime) if turn.policy is not None else None
+            p_min = turn.length.p_min(self.regime)
         draft = turn.drafter.propose(prefix, k, None if p_min is None else float(p_min))
         if len(draft.tokens) > k:
             raise ValueError(f"the drafter returned {len(draft.tokens)} tokens, more than the k = {k} asked for")

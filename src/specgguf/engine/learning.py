@@ -9,7 +9,7 @@ verdict), with calibrate()'s measured acceptance where it applies. Nothing
 stored prices a round: identical processes here differ by 20% in speed.
 
 A process's first run in a regime measures the draft's acceptance on its
-prompt first (:meth:`Learning.policy`), whatever was stored: better than
+prompt first (:meth:`Learning.length`), whatever was stored: better than
 probing blind (a probe into a poor draft pays the draft's whole catch-up to
 learn three tokens), and what makes a stored record a prior, never a
 verdict (one written where the text did not suit the draft is outweighed
@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from ..config import AUTO_K_MAX, LOOKUP_K_MAX, GenerationConfig
+from .draft_length import DraftLength, FixedK
 from .policy import Policy, SlotView
 from ..state import PairState
 
@@ -59,53 +60,47 @@ class Learning:
         same = all(abs(getattr(config, k) - v) < 1e-9 for k, v in SAMPLED_PRIOR.items())
         return self.measured.get("sampled") if same and config.verification == "exact" else None
 
-    def policy(self, config: GenerationConfig, measure: Optional[Callable[[], Optional[tuple]]] = None,
-               view: Optional[SlotView] = None) -> Optional[Policy]:
-        """The policy for a k="auto" run with ``config`` (None for a fixed k),
-        its regime readied (:meth:`ready`). ``measure()``: ``(the draft's
+    def length(self, config: GenerationConfig, measure: Optional[Callable[[], Optional[tuple]]] = None,
+               view: Optional[SlotView] = None) -> DraftLength:
+        """The K object for a run with ``config``: its fixed K, or for
+        k="auto" the policy, its regime readied (:meth:`ready`). ``measure()``: ``(the draft's
         acceptance on this run's prompt, positions)`` or None, asked for when
         the policy has seen too little of the draft in this process, whatever
         was stored (a record is a prior, never a verdict), and drafting could
         pay for the run's sequence as ``view`` shows it
         (:meth:`~specgguf.engine.policy.Policy.worth_measuring`)."""
         if config.k != "auto":
-            return None
-        online = self.online
-        policy = Policy(online.k_max, free_draft=online.costs.free, clock=False) if clock_blind(config) else online
+            return FixedK(config.k)
+        policy = self.online.blind() if clock_blind(config) else self.online
         self.ready(policy, config)
         if measure is not None and view is not None and policy.worth_measuring(view):
             got = measure()
             if got is not None:
-                policy.regime(config.regime).measured(got[0], got[1])
+                policy.measured(config.regime, got[0], got[1])
         return policy
 
     def ready(self, policy: Policy, config: GenerationConfig) -> None:
         """On ``config``'s regime's first use in ``policy``: what was known
         before, calibrate()'s measurement where it applies and stored evidence."""
-        if config.regime not in policy.regimes:
-            est = policy.acceptance(config.regime)
-            prior = self.prior(config)
-            if prior is not None:
-                est.add_prior(prior)
-            est.add_record(self.state.evidence(config.regime))
+        policy.begin(config.regime, self.prior(config), self.state.evidence(config.regime))
 
-    def lookup_policy(self, config: GenerationConfig) -> Optional[Policy]:
-        """The own policy of an n-gram lookup tried before the draft model, for
-        a k="auto" run (None for a fixed k); never stored: what a lookup
-        accepts is about the text, not the pair."""
+    def lookup_length(self, config: GenerationConfig) -> DraftLength:
+        """The own K object of an n-gram lookup tried before the draft model:
+        the run's fixed K, or for k="auto" the lookup's policy; never stored:
+        what a lookup accepts is about the text, not the pair."""
         if config.k != "auto":
-            return None
-        return Policy(LOOKUP_K_MAX, free_draft=True, clock=False) if clock_blind(config) else self.lookup
+            return FixedK(config.k)
+        return self.lookup.blind() if clock_blind(config) else self.lookup
 
-    def finish(self, policy: Optional[Policy], config: GenerationConfig) -> None:
-        """After a run: store what ``policy`` knows of the draft in the run's
-        regime, for later processes (clock-blind runs write nothing)."""
-        if policy is not None and policy.clock and config.regime in policy.regimes:
-            self.keep(config.regime, policy.acceptance(config.regime).record())
+    def finish(self, length: DraftLength, config: GenerationConfig) -> None:
+        """After a run: store what ``length`` learned of the draft in the run's
+        regime, for later processes (a fixed K and clock-blind runs write nothing)."""
+        if length.auto:
+            self.keep(config.regime, length.record(config.regime))
 
-    def keep(self, regime: str, record: dict) -> None:
-        """Store ``record`` (:meth:`~specgguf.engine.policy.Acceptance.record`) as ``regime``'s evidence."""
-        if record["total"][1] > 0:
+    def keep(self, regime: str, record: Optional[dict]) -> None:
+        """Store ``record`` (:meth:`~specgguf.engine.policy.Policy.record`) as ``regime``'s evidence."""
+        if record is not None:
             self.state.save_evidence(regime, record)
 
     def calibrated(self, acceptance: Optional[dict]) -> None:
@@ -113,7 +108,7 @@ class Learning:
         if acceptance is not None:
             self.measured = acceptance
             self.state.save_acceptance(acceptance)
-            self.online.regimes.clear()  # every regime starts again from the measurement
+            self.online.forget()  # every regime starts again from the measurement
 
 
 def clock_blind(config: GenerationConfig) -> bool:

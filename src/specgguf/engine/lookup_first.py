@@ -10,7 +10,8 @@ one policy, the lookup's cheap rounds priced the model's K too low, the
 acceptance followed the copies, and a run stored that mixture as the
 model's evidence for every later run of the pair.
 
-So each drafter has its own K: a fixed one, or its own
+So each drafter has its own K object
+(:mod:`~specgguf.engine.draft_length`): a fixed K, or its own
 :class:`~specgguf.engine.policy.Policy` (the lookup's prices drafting at
 nothing). A plain round is reported to both, as both weigh plain decoding;
 only the model's evidence is stored (the lookup's acceptance is about this
@@ -24,7 +25,8 @@ from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 from ..ops.drafter import Draft, Drafter
-from .policy import Measured, Policy, SlotView
+from .draft_length import DraftLength
+from .policy import Measured, SlotView
 
 # Where an emitted token came from (DecoderStats.emit; the API names them decoder.SOURCES).
 FROM_TARGET, FROM_DRAFT, FROM_LOOKUP = 0, 1, 2
@@ -35,7 +37,7 @@ class Turn:
     """Who drafts the next round, and how many tokens (0: a plain round)."""
 
     drafter: Drafter
-    policy: Optional[Policy]  # the one that chose k and hears how the round went; None: a fixed k
+    length: DraftLength  # the K object that chose k and hears how the round went
     k: int
     view: SlotView            # what the policy was shown of the sequence
 
@@ -54,32 +56,29 @@ def lookup_view(view: SlotView, k_max: int) -> SlotView:
 
 @dataclass
 class LookupFirst:
-    """An n-gram lookup and its own K (``policy``, or the fixed ``k`` when None)."""
+    """An n-gram lookup and its own K object."""
 
     lookup: Drafter
-    policy: Optional[Policy]
-    k: int = 0
+    length: DraftLength
 
     def turn(self, context: Sequence[int], view: SlotView) -> Optional[Turn]:
         """The lookup's turn if it has a match for ``context`` and its K is not 0; None otherwise."""
         if not self.lookup.propose(context, 1).tokens:
             return None
-        view = lookup_view(view, self.policy.k_max if self.policy is not None else self.k)
-        k = self.policy.choose([view])[0] if self.policy is not None else view.cap
-        return Turn(self.lookup, self.policy, k, view) if k > 0 else None
+        view = lookup_view(view, self.length.k_max)
+        k = self.length.choose([view])[0]
+        return Turn(self.lookup, self.length, k, view) if k > 0 else None
 
 
-def next_turn(context: Sequence[int], view: SlotView, drafter: Drafter, policy: Optional[Policy], k: int,
+def next_turn(context: Sequence[int], view: SlotView, drafter: Drafter, length: DraftLength,
               lookup: Optional[LookupFirst]) -> Turn:
-    """The next round's :class:`Turn` for a sequence the policies see as
-    ``view``: the lookup's, if it takes one, else the model ``drafter``'s with
-    ``policy``'s K (or the fixed ``k``, within ``view.cap``)."""
+    """The next round's :class:`Turn` for a sequence the K objects see as
+    ``view``: the lookup's, if it takes one, else the model ``drafter``'s
+    with ``length``'s K (within ``view.cap``)."""
     turn = lookup.turn(context, view) if lookup is not None and view.cap > 0 else None
     if turn is not None:
         return turn
-    if view.cap == 0:
-        return Turn(drafter, policy, 0, view)
-    return Turn(drafter, policy, policy.choose([view])[0] if policy is not None else min(k, view.cap), view)
+    return Turn(drafter, length, length.choose([view])[0] if view.cap > 0 else 0, view)
 
 
 def measured(turn: Turn, draft: Draft, draft_seconds: float, target_seconds: float, round_seconds: float) -> Measured:
@@ -97,17 +96,16 @@ def measured(turn: Turn, draft: Draft, draft_seconds: float, target_seconds: flo
 
 def report(turn: Turn, lookup: Optional[LookupFirst], draft: Draft, accepted: int,
            m: Optional[Measured]) -> None:
-    """How ``turn``'s round went, to the policy that chose it (its verdict, the
-    draft's read-back of tokens it caught up on, the round's costs; ``m``
+    """How ``turn``'s round went, to the K object that chose it (its verdict,
+    the draft's read-back of tokens it caught up on, the round's costs; ``m``
     None: untimed); the model's rounds and plain ones also to the lookup's: it
     times the target's forwards from them (when the model drafts every round,
     the lookup's policy heard no forward and never drafted), and counts them
     as rounds it did not draft."""
-    view, n = turn.view, len(draft.tokens)
-    if turn.policy is not None:
-        if draft.catchup:
-            turn.policy.regime(view.regime).read_back(float(draft.catchup[0]), int(draft.catchup[1]))
-        turn.policy.observe(view.regime, n, accepted, view.after_miss)
-        turn.policy.round_done([view], [n], m)
-    if lookup is not None and lookup.policy is not None and lookup.policy is not turn.policy:
-        lookup.policy.round_done([view], [0], m)
+    view, n, length = turn.view, len(draft.tokens), turn.length
+    if draft.catchup:
+        length.read_back(view.regime, float(draft.catchup[0]), int(draft.catchup[1]))
+    length.observe(view.regime, n, accepted, view.after_miss)
+    length.round_done([view], [n], m)
+    if lookup is not None and lookup.length is not length:
+        lookup.length.round_done([view], [0], m)

@@ -307,6 +307,8 @@ class Policy:
         self.k_max, self.clock, self.t = k_max, clock, tuning
         self.costs, self.regimes = Costs(tuning, passes, free_draft), {}  # type: Costs, Dict[str, Regime]
 
+    auto = True  # what K objects say of themselves (a fixed K: :class:`~specgguf.engine.draft_length.FixedK`)
+
     def regime(self, name: str) -> Regime:
         if name not in self.regimes:
             self.regimes[name] = Regime(self.k_max, self.t)
@@ -314,6 +316,38 @@ class Policy:
 
     def acceptance(self, regime: str) -> Acceptance:
         return self.regime(regime).estimate
+
+    def blind(self) -> "Policy":
+        """A policy like this one, blind to the clock, knowing nothing yet (for a seeded p/q run)."""
+        return Policy(self.k_max, self.costs.count_passes, self.costs.free, clock=False, tuning=self.t)
+
+    def begin(self, regime: str, prior: Optional[float] = None, record: Optional[dict] = None) -> None:
+        """On ``regime``'s first use: what was known before this process (a
+        measured acceptance ``prior``, a stored ``record``); later calls add nothing."""
+        if regime not in self.regimes:
+            est = self.acceptance(regime)
+            if prior is not None:
+                est.add_prior(prior)
+            est.add_record(record)
+
+    def record(self, regime: str) -> Optional[dict]:
+        """What this process learned of ``regime`` to store for later ones (None: nothing, or blind)."""
+        if not self.clock or regime not in self.regimes:
+            return None
+        rec = self.regimes[regime].estimate.record()
+        return rec if rec["total"][1] > 0 else None
+
+    def forget(self) -> None:
+        """Every regime starts again (from what :meth:`begin` is given next)."""
+        self.regimes.clear()
+
+    def read_back(self, regime: str, accepted: float, positions: int) -> None:
+        """The draft's read-back of ``positions`` tokens it caught up on (``accepted`` of them)."""
+        self.regime(regime).read_back(accepted, positions)
+
+    def measured(self, regime: str, acceptance: float, positions: int) -> None:
+        """The draft's acceptance measured on a prompt of ``regime`` (it outweighs what was known)."""
+        self.regime(regime).measured(acceptance, positions)
 
     def choose(self, views: Sequence[SlotView]) -> List[int]:
         """K for each sequence (see the module docstring)."""

@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 import math
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
@@ -44,6 +44,7 @@ import numpy as np
 
 from ..config import AUTO_K_MAX, GenerationConfig
 from ..llama.adapter import ModelDrafter
+from ..engine.draft_length import DraftLength, draft_length
 from ..engine.learning import Learning
 from ..engine.policy import Measured, Policy, SlotView
 from ..state import PairState, Store
@@ -152,27 +153,25 @@ def _round(call: Call, pos: int, view: SlotView, k: int, clock: _Clock) -> tuple
     return _accepted(call, pos, k), m, catchup
 
 
-def _run_call(call: Call, k, policy: Optional[Policy], regime: str, clock: _Clock, read_back: bool = True,
+def _run_call(call: Call, length: DraftLength, regime: str, clock: _Clock, read_back: bool = True,
               evaluated: int = 0) -> tuple:
-    """One call; returns (tokens, seconds). ``k``: an int, or "auto"
-    (``policy``). Round 0 reads the prompt; the draft, which has evaluated
+    """One call; returns (tokens, seconds). ``length``: its K object. Round 0 reads the prompt; the draft, which has evaluated
     ``evaluated`` tokens of the context, catches up when it first drafts;
     ``read_back``: its catch-up reads back the skipped tokens (the decoder's
     ModelDrafter does, the engine's batched draft does not)."""
     seconds, pos, rounds, n, after_miss = 0.0, 0, 0, call.n, False
     while pos < n:
         context, remaining = call.prompt + pos, n - pos
-        cap = 0 if rounds == 0 else min(AUTO_K_MAX if k == "auto" else k, remaining - 1)
-        view = SlotView(regime, cap, k != "auto", call.prompt if rounds == 0 else 1, context - evaluated,
+        cap = 0 if rounds == 0 else min(length.k_max, remaining - 1)
+        view = SlotView(regime, cap, False, call.prompt if rounds == 0 else 1, context - evaluated,
                         remaining, after_miss)
-        kk = policy.choose([view])[0] if policy is not None else cap
+        kk = length.choose([view])[0]
         accepted, m, catchup = _round(call, pos, view, kk, clock)
         seconds += m.target_seconds + m.rest_seconds + sum(x[1] for x in m.draft_forwards)
-        if policy is not None:
-            if catchup and read_back:
-                policy.regime(regime).read_back(*catchup)
-            policy.observe(regime, kk, accepted, after_miss)
-            policy.round_done([view], [kk], m)
+        if catchup and read_back:
+            length.read_back(regime, *catchup)
+        length.observe(regime, kk, accepted, after_miss)
+        length.round_done([view], [kk], m)
         after_miss = accepted < kk
         if kk:  # the draft evaluated up to its last proposal but one; the cut-back keeps the accepted part
             evaluated = context + min(accepted, kk - 1)
@@ -197,16 +196,15 @@ def _decoder_call(call: Call, k, learning: Learning, config: GenerationConfig, c
     has seen too little of it (as :func:`~specgguf.llama.adapter.prompt_agreement`
     does: the draft evaluates the prompt), and the store updated after it."""
     seconds, evaluated = 0.0, 0
-    policy = None
-    if k == "auto":
-        def measure():
-            nonlocal seconds, evaluated
-            seconds, evaluated = clock.c.draft_cost(call.prompt - 1), call.prompt - 1
-            return _prompt_measure(call)
-        view = SlotView(config.regime, AUTO_K_MAX, target_lag=call.prompt, draft_lag=call.prompt, remaining=call.n)
-        policy = learning.policy(config, measure, view)
-    tokens, spent = _run_call(call, k, policy, config.regime, clock, evaluated=evaluated)
-    learning.finish(policy, config)
+
+    def measure():
+        nonlocal seconds, evaluated
+        seconds, evaluated = clock.c.draft_cost(call.prompt - 1), call.prompt - 1
+        return _prompt_measure(call)
+    view = SlotView(config.regime, AUTO_K_MAX, target_lag=call.prompt, draft_lag=call.prompt, remaining=call.n)
+    length = learning.length(replace(config, k=k), measure, view)
+    tokens, spent = _run_call(call, length, config.regime, clock, evaluated=evaluated)
+    learning.finish(length, config)
     return tokens, seconds + spent
 
 
@@ -243,9 +241,9 @@ def replay_engine(trace: Trace, k, seed: int = 0) -> float:
         if k == "auto" and policy.worth_measuring(view):
             got = _prompt_measure(call)
         if got is not None:
-            policy.regime(regime).measured(*got)
+            policy.measured(regime, *got)
             seconds, evaluated = seconds + clock.c.draft_cost(call.prompt - 1), call.prompt - 1
-        t, s = _run_call(call, k, policy, regime, clock, read_back=False, evaluated=evaluated)
+        t, s = _run_call(call, draft_length(k, lambda: policy), regime, clock, read_back=False, evaluated=evaluated)
         tokens, seconds = tokens + t, seconds + s
     return tokens / seconds
 

@@ -1,0 +1,65 @@
+"""K, the draft length, as one object built once from the settings.
+
+A run asks its K object how many tokens each sequence drafts next round and
+tells it how the round went; it never asks which kind of K it holds. Two
+kinds answer the same calls:
+
+* :class:`FixedK`: the caller's K, every round (within what a sequence may
+  still emit); it learns nothing.
+* :class:`~specgguf.engine.policy.Policy` (``k="auto"``): the K with the most
+  expected tokens per second, from what it has measured.
+
+:func:`draft_length` turns a setting (an int, ``"auto"`` or a policy) into
+one of them.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, List, Optional, Sequence, Union
+
+from ..checks import check_int
+from .policy import Measured, Policy, SlotView
+
+
+class FixedK:
+    """The caller's K: each sequence drafts ``min(k, its cap)`` (its cap: what
+    it may still emit, less the round's own token). Every report is ignored."""
+
+    auto = False
+
+    def __init__(self, k: int) -> None:
+        self.k_max = check_int("k", k, 0)
+
+    def choose(self, views: Sequence[SlotView]) -> List[int]:
+        return [min(self.k_max, v.cap) for v in views]
+
+    def observe(self, regime: str, drafted: int, accepted: int, after_miss: bool = False) -> None:
+        pass
+
+    def read_back(self, regime: str, accepted: float, positions: int) -> None:
+        pass
+
+    def round_done(self, views: Sequence[SlotView], ks: Sequence[int], m: Optional[Measured]) -> None:
+        pass
+
+    def p_min(self, regime: str) -> Optional[float]:
+        """No confidence cutoff of its own (``p_min="auto"`` needs ``k="auto"``)."""
+        return None
+
+    def explain(self, regime: str) -> Optional[str]:
+        return None
+
+
+DraftLength = Union[FixedK, Policy]
+
+
+def draft_length(k: Union[int, str, Policy, FixedK], policy: Callable[[], Policy] = Policy) -> DraftLength:
+    """The K object for setting ``k``: a :class:`FixedK` for an int, ``policy()``
+    for ``"auto"``, and a K object as it is (shared: what a policy learns carries over)."""
+    if isinstance(k, (Policy, FixedK)):
+        return k
+    if k == "auto":
+        return policy()
+    if isinstance(k, str):
+        raise ValueError(f"k must be an int >= 0, 'auto' or a Policy, got {k!r}")
+    return FixedK(k)
