@@ -11,27 +11,71 @@ With --engine, the same traces as the engine runs them (serve with
 parallel > 1: one request at a time, each new to its slot, the draft
 measured on its prompt in its first round), from a fresh engine.
 
+With --ablate, each of the policy's numbers (engine.policy.Tuning) set to
+the value that turns its feature off, or to a neighbour: the worst change,
+over the traces, of k=auto's speed against the best fixed K (the minimum
+over seeds, from a fresh state, a poisoned one and through the engine). A
+number is kept only if some trace loses more than 0.01 without it.
+
     .venv/bin/python bench/simulate.py [--seeds 3] [--engine]
+    .venv/bin/python bench/simulate.py --ablate decay,guard   (about a minute a variant)
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
+from specgguf.engine.policy import Tuning
 from specgguf.testing import simulator
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
+
+# Each number's feature turned off (or moved to a neighbour), by the Tuning field it sets.
+VARIANTS = {
+    "decay": dict(decay=1.0), "shrink": dict(shrink=1e6), "shrink_low": dict(shrink=1.0),
+    "guard": dict(guard=0.0), "thin": dict(thin=1.0), "probe_k": dict(probe_k=0), "odds": dict(odds=1.0),
+    "retry": dict(retry=10 ** 9), "retry_max": dict(retry_max=Tuning.retry), "retry_gain": dict(retry_gain=1.0),
+    "doubt": dict(doubt=1e9), "draft_guess": dict(draft_guess=0.0), "draft_guess_high": dict(draft_guess=0.3),
+    "slope_guess": dict(slope_guess=0.0), "slope_guess_high": dict(slope_guess=0.2),
+    "unknown_left": dict(unknown_left=10 ** 6), "steady": dict(steady=1), "steady_high": dict(steady=9),
+}
+
+
+def worst(traces, seeds, tuning):
+    """Per trace: the minimum over seeds of k=auto / best fixed K, fresh, poisoned and in the engine."""
+    return {t.name: [min(simulator.score(t, seeds, tuning=tuning, **how)["vs_oracle"])
+                     for how in (dict(), dict(poison=simulator.poor_record(t)), dict(engine=True))]
+            for t in traces}
+
+
+def ablate(traces, seeds, names) -> None:
+    base = worst(traces, seeds, Tuning())
+    print("| number set to | worst change | trace |")
+    print("|---|---|---|")
+    for name in names:
+        got = worst(traces, seeds, replace(Tuning(), **VARIANTS[name]))
+        change = {t: min(a - b for a, b in zip(got[t], base[t])) for t in got}
+        t = min(change, key=change.get)
+        print(f"| {name}: {VARIANTS[name]} | {change[t]:+.3f} | {t} |", flush=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--engine", action="store_true", help="through the engine's policy (serve) instead")
+    ap.add_argument("--ablate", metavar="NAMES", help=f"comma-separated, or 'all': {', '.join(VARIANTS)}")
     args = ap.parse_args()
     traces = simulator.regimes() + [simulator.load_trace(p) for p in sorted(DATA.glob("trace_*.json"))]
     seeds = range(args.seeds)
+    if args.ablate:
+        names = list(VARIANTS) if args.ablate == "all" else args.ablate.split(",")
+        unknown = [n for n in names if n not in VARIANTS]
+        if unknown:
+            ap.error(f"--ablate: no variant {', '.join(unknown)} (choose from {', '.join(VARIANTS)})")
+        return ablate(traces, seeds, names)
     if args.engine:
         print("| trace | engine k=auto / oracle | best fixed K | k=auto / plain |")
         print("|---|---|---|---|")

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from specgguf.engine.policy import Acceptance, Measured, Policy, SlotView, Timed, Tuning, expected_tokens
+from specgguf.engine.costs import Measured, Timed
+from specgguf.engine.policy import Policy, Regime, SlotView, Tuning, expected_tokens
 
 # Forward costs as lines in the tokens a forward evaluates (seconds).
 # A memory-bound board: a target batch costs little more than one token, a draft token a twentieth.
@@ -107,7 +108,7 @@ def test_a_poor_draft_is_probed_rarely_until_its_evidence_ages():
     assert policy.acceptance("greedy").per_position()[0] < 0.5  # what its probes found
     for _ in range(2000):  # idle rounds thin the evidence: worth a look again
         policy.round_done([SlotView("greedy", 8)], [0], None)
-    assert policy.acceptance("greedy").optimistic(policy.regime("greedy").idle) > 0.9
+    assert policy.regime("greedy").optimistic() > 0.9
     assert policy.choose([SlotView("greedy", 8, remaining=1000)])[0] > 0
 
 
@@ -136,7 +137,7 @@ def test_a_good_draft_drafts_every_round_and_a_blind_policy_times_nothing():
 
 
 def test_a_round_after_a_rejection_has_its_own_first_position():
-    est = Acceptance(4)
+    est = Regime(4)
     for _ in range(20):
         est.observe(1, 0, after_miss=True)   # after a miss the next first token misses
         est.observe(4, 4, after_miss=False)  # elsewhere it holds
@@ -205,7 +206,7 @@ def test_p_min_auto_is_the_confidence_one_more_draft_token_needs():
 
 
 def test_a_stored_record_is_a_prior_and_a_measurement_outweighs_it():
-    est = Acceptance(8)
+    est = Regime(8)
     est.add_record({"accepted": [0.1 * 1000] * 9, "verified": [1000.0] * 9, "total": [100.0, 1000.0]})
     assert est.total[1] == pytest.approx(Tuning.prior)  # what was stored weighs a few observations
     for damaged in ({"accepted": "damaged"}, None, {"accepted": [1.0] * 3, "verified": [1.0] * 3, "total": [1, 1]}):
@@ -239,12 +240,12 @@ def test_the_record_a_run_leaves_is_the_next_processs_prior(tmp_path):
 
 
 def test_a_probes_read_back_of_skipped_tokens_counts_as_evidence():
-    est = Acceptance(8)
+    est = Regime(8)
     est.observe(3, 3)
     est.read_back(31.0, 32)
     assert est.total[1] == pytest.approx(3 * Tuning.decay + 32)  # the round's counts decayed once, as a round's
     assert est.verified[0] > 30 and est.per_position()[0] > 0.9
-    firm = Acceptance(8)
+    firm = Regime(8)
     firm.read_back(2.0, 32)  # read-backs that disagree rule the draft out as firmly
     assert firm.per_position()[0] < 0.2
 

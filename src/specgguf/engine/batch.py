@@ -44,7 +44,8 @@ import numpy as np
 from .decoder import DecoderStats
 from .draft_length import DraftLength, draft_length
 from .lookup_first import FROM_DRAFT, FROM_LOOKUP, FROM_TARGET, lookup_view
-from .policy import Measured, Policy, SlotView
+from .costs import Measured
+from .policy import Policy, SlotView
 from ..ops.drafter import Draft, common_prefix
 from ..llama.adapter import SlotDrafter, prompt_rows
 from ..llama.model import LlamaModel

@@ -18,7 +18,8 @@ from __future__ import annotations
 from typing import Callable, List, Optional, Sequence, Union
 
 from ..checks import check_int
-from .policy import Measured, Policy, SlotView
+from .costs import Measured
+from .policy import Policy, SlotView
 
 
 class FixedK:

@@ -26,7 +26,7 @@ from typing import Callable, Optional
 
 from ..config import AUTO_K_MAX, LOOKUP_K_MAX, GenerationConfig
 from .draft_length import DraftLength, FixedK
-from .policy import Policy, SlotView
+from .policy import Policy, SlotView, Tuning
 from ..state import PairState
 
 SAMPLED_PRIOR = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)  # where calibrate() measures
@@ -39,14 +39,16 @@ class Learning:
         state: the pair's records.
         model_free: the draft is an n-gram lookup (it costs nothing).
         passes: how the target's forward is cut into passes (several slots: see
-            :class:`~specgguf.engine.policy.Costs`).
+            :class:`~specgguf.engine.costs.Costs`).
         k_max: the longest draft it considers (a lookup alone: LOOKUP_K_MAX).
+        tuning: the policies' numbers (the simulator tries others).
     """
 
-    def __init__(self, state: PairState, model_free: bool = False, passes=None, k_max: int = AUTO_K_MAX) -> None:
+    def __init__(self, state: PairState, model_free: bool = False, passes=None, k_max: int = AUTO_K_MAX,
+                 tuning: Tuning = Tuning()) -> None:
         self.state = state
-        self.online = Policy(k_max, passes, free_draft=model_free)
-        self.lookup = Policy(LOOKUP_K_MAX, passes, free_draft=True)  # a lookup's, in front of a draft model
+        self.online = Policy(k_max, passes, free_draft=model_free, tuning=tuning)
+        self.lookup = Policy(LOOKUP_K_MAX, passes, free_draft=True, tuning=tuning)  # in front of a draft model
         self.measured = state.acceptance()
 
     def prior(self, config: GenerationConfig) -> Optional[float]:

@@ -26,7 +26,8 @@ from typing import Optional, Sequence
 
 from ..ops.drafter import Draft, Drafter
 from .draft_length import DraftLength
-from .policy import Measured, SlotView
+from .costs import Measured
+from .policy import SlotView
 
 # Where an emitted token came from (DecoderStats.emit; the API names them decoder.SOURCES).
 FROM_TARGET, FROM_DRAFT, FROM_LOOKUP = 0, 1, 2

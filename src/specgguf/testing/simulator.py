@@ -46,7 +46,8 @@ from ..config import AUTO_K_MAX, GenerationConfig
 from ..llama.adapter import ModelDrafter
 from ..engine.draft_length import DraftLength, draft_length
 from ..engine.learning import Learning
-from ..engine.policy import Measured, Policy, SlotView
+from ..engine.costs import Measured
+from ..engine.policy import Policy, SlotView, Tuning
 from ..state import PairState, Store
 
 CHECK_ROWS = ModelDrafter.CHECK_ROWS  # the read-back covers at most the last skipped tokens
@@ -209,16 +210,16 @@ def _decoder_call(call: Call, k, learning: Learning, config: GenerationConfig, c
 
 
 def replay(trace: Trace, k, seed: int = 0, store: Optional[Store] = None,
-           poison: Optional[Callable[[PairState], None]] = None) -> float:
+           poison: Optional[Callable[[PairState], None]] = None, tuning: Tuning = Tuning()) -> float:
     """Tokens per second over the trace's calls with draft length ``k`` (an
     int, or "auto"), under noise drawn from ``seed``. ``store``: the state
     store (default: a fresh temporary one: a new user); ``poison(state)``
-    writes records before the first call."""
+    writes records before the first call; ``tuning``: the policy's numbers."""
     with tempfile.TemporaryDirectory(prefix="specgguf-sim-") as tmp:
         state = PairState(store or Store(tmp), f"sim|{trace.name}")
         if poison is not None:
             poison(state)
-        learning = Learning(state)
+        learning = Learning(state, tuning=tuning)
         clock = _Clock(trace.costs, np.random.default_rng(seed))
         tokens = seconds = 0.0
         for call in trace.calls:
@@ -227,12 +228,12 @@ def replay(trace: Trace, k, seed: int = 0, store: Optional[Store] = None,
         return tokens / seconds
 
 
-def replay_engine(trace: Trace, k, seed: int = 0) -> float:
+def replay_engine(trace: Trace, k, seed: int = 0, tuning: Tuning = Tuning()) -> float:
     """:func:`replay` as the engine runs it (``serve`` with several slots), one
     request at a time, from a fresh engine: no store, and no read-back; each
     request is new to its slot, so its draft catches up on all of it (in
     its prompt round, when that round measures the draft on the prompt)."""
-    policy, regime = Policy(AUTO_K_MAX), trace.config.regime
+    policy, regime = Policy(AUTO_K_MAX, tuning=tuning), trace.config.regime
     clock = _Clock(trace.costs, np.random.default_rng(seed))
     tokens = seconds = 0.0
     for call in trace.calls:
@@ -256,11 +257,13 @@ def oracle(trace: Trace, seed: int = 0, ks: Sequence[int] = tuple(range(AUTO_K_M
     return best, rates[best]
 
 
-def score(trace: Trace, seeds: Sequence[int] = (0, 1, 2), poison=None, engine: bool = False) -> dict:
+def score(trace: Trace, seeds: Sequence[int] = (0, 1, 2), poison=None, engine: bool = False,
+          tuning: Tuning = Tuning()) -> dict:
     """``k="auto"`` against the best fixed K and plain decoding, per seed:
     ``{"auto": [...], "best_k": [...], "vs_oracle": [...], "vs_plain": [...]}``;
     ``engine``: through the engine's policy (no stored state to poison)."""
-    run = replay_engine if engine else (lambda t, k, s: replay(t, k, s, poison=poison if k == "auto" else None))
+    run = ((lambda t, k, s: replay_engine(t, k, s, tuning)) if engine else
+           (lambda t, k, s: replay(t, k, s, poison=poison if k == "auto" else None, tuning=tuning)))
     out = {"auto": [], "best_k": [], "vs_oracle": [], "vs_plain": []}
     for s in seeds:
         auto = run(trace, "auto", s)
