@@ -9,11 +9,30 @@ and reports them as :class:`Measured`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, List, Optional, Sequence
+from dataclasses import dataclass, replace
+from typing import Callable, List, Optional, Sequence
 
-if TYPE_CHECKING:
-    from .policy import SlotView, Tuning
+
+@dataclass
+class SlotView:
+    """One sequence as a round sees it: its sampling ``regime`` (acceptance is
+    pooled by it); ``cap``, the most it may draft (a caller's K if ``fixed``);
+    the tokens its target and draft caches lack besides the drafts (a prompt;
+    the draft's catch-up); the tokens it may still emit (None: unknown); whether
+    its last round ended in a rejection; its sequence id."""
+
+    regime: str
+    cap: int
+    fixed: bool = False
+    target_lag: int = 1
+    draft_lag: int = 1
+    remaining: Optional[int] = None
+    after_miss: bool = False
+    slot: int = 0
+
+    def steady(self) -> SlotView:
+        """In a steady round: no prompt to read, no catch-up beyond the usual."""
+        return replace(self, target_lag=1, draft_lag=min(self.draft_lag, 2))
 
 
 @dataclass
@@ -74,12 +93,15 @@ class Costs:
     """A round's seconds: the target's forward and the rest of the round by the
     tokens of one pass, each further pass (``passes([(slot, tokens)])``, a KV
     stream per slot) at one token's; the draft's forwards by their tokens
-    (``free_draft``: a lookup, which costs nothing). ``t``: the policy's
-    :class:`~specgguf.engine.policy.Tuning` (its guesses before anything is timed)."""
+    (``free_draft``: a lookup, which costs nothing). The other numbers are the
+    policy's (:class:`~specgguf.engine.policy.Tuning`, where each is explained)."""
 
-    def __init__(self, t: "Tuning", passes: Optional[Callable] = None, free_draft: bool = False) -> None:
-        self.t, self.count_passes, self.free, pace = t, passes, free_draft, [1.0]  # a busy machine slows both
-        self.target, self.draft = Timed(t.slope_guess, True, pace), Timed(t.slope_guess, False, pace)
+    def __init__(self, passes: Optional[Callable], free_draft: bool, slope_guess: float, draft_guess: float,
+                 doubt: float, steady: int, unknown_left: int) -> None:
+        self.count_passes, self.free, pace = passes, free_draft, [1.0]  # a busy machine slows both
+        self.slope_guess, self.draft_guess, self.doubt = slope_guess, draft_guess, doubt
+        self.steady, self.unknown_left = steady, unknown_left
+        self.target, self.draft = Timed(slope_guess, True, pace), Timed(slope_guess, False, pace)
 
     def observe(self, m: Measured, prompt: bool, passes: int) -> None:
         if not prompt and passes == 1 and m.target_tokens > 0:  # nor does a prompt's, several passes', none
@@ -87,7 +109,7 @@ class Costs:
         for n, seconds, _ in m.draft_forwards:
             self.draft.observe(n, seconds)
 
-    def passes(self, views: Sequence["SlotView"], ks: Sequence[int]) -> int:
+    def passes(self, views: Sequence[SlotView], ks: Sequence[int]) -> int:
         if self.count_passes is None or len(views) < 2:
             return 1
         return self.count_passes([(v.slot, v.target_lag + k) for v, k in zip(views, ks)])
@@ -96,10 +118,10 @@ class Costs:
         """One draft forward over ``n`` tokens (``doubt``: at most ``doubt`` of the target's)."""
         if self.free or n <= 0:
             return 0.0
-        d = self.draft(n) if self.draft.s else self.t.draft_guess * self.target(1) * (1 + self.t.slope_guess * (n - 1))
-        return min(d, self.t.doubt * self.target(n)) if doubt else d
+        d = self.draft(n) if self.draft.s else self.draft_guess * self.target(1) * (1 + self.slope_guess * (n - 1))
+        return min(d, self.doubt * self.target(n)) if doubt else d
 
-    def seconds(self, views: Sequence["SlotView"], ks: Sequence[int], doubt: bool = False) -> float:
+    def seconds(self, views: Sequence[SlotView], ks: Sequence[int], doubt: bool = False) -> float:
         """A round drafting ``ks``: the target's passes, the draft's first forward
         (each drafting sequence's lag, at most ``steady``) and one per further
         position; a longer catch-up is paid back over the tokens left (at most
@@ -109,10 +131,10 @@ class Costs:
         drafting = [(v, k) for v, k in zip(views, ks) if k]
         if not drafting:
             return t
-        steady = [min(max(1, v.draft_lag), self.t.steady) for v, _ in drafting]
+        steady = [min(max(1, v.draft_lag), self.steady) for v, _ in drafting]
         t += self.draft_forward(sum(steady), doubt)
         t += sum(self.draft_forward(sum(k >= j for _, k in drafting), doubt) for j in range(2, max(ks) + 1))
         for (v, _), s in zip(drafting, steady):
             catchup = self.draft_forward(v.draft_lag) - self.draft_forward(s)
-            t += max(0.0, catchup) / max(1, v.remaining or self.t.unknown_left)
+            t += max(0.0, catchup) / max(1, v.remaining or self.unknown_left)
         return t

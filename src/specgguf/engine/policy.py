@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Dict, List, Optional, Sequence
 
 from ..config import AUTO_K_MAX
-from .costs import Costs, Measured
+from .costs import Costs, Measured, SlotView  # SlotView: what callers show the policy
 
 
 @dataclass(frozen=True)
@@ -52,28 +52,6 @@ def expected_tokens(k_max: int, acc: Sequence[float]) -> List[float]:
         run *= a
         out.append(out[-1] + run)
     return out
-
-
-@dataclass
-class SlotView:
-    """One sequence as a round sees it: its sampling ``regime`` (acceptance is
-    pooled by it); ``cap``, the most it may draft (a caller's K if ``fixed``);
-    the tokens its target and draft caches lack besides the drafts (a prompt;
-    the draft's catch-up); the tokens it may still emit (None: unknown); whether
-    its last round ended in a rejection; its sequence id."""
-
-    regime: str
-    cap: int
-    fixed: bool = False
-    target_lag: int = 1
-    draft_lag: int = 1
-    remaining: Optional[int] = None
-    after_miss: bool = False
-    slot: int = 0
-
-    def steady(self) -> "SlotView":
-        """In a steady round: no prompt to read, no catch-up beyond the usual."""
-        return replace(self, target_lag=1, draft_lag=min(self.draft_lag, 2))
 
 
 class Regime:
@@ -187,7 +165,9 @@ class Policy:
         if k_max < 1:
             raise ValueError(f"k_max must be >= 1, got {k_max}")
         self.k_max, self.clock, self.t = k_max, clock, tuning
-        self.costs, self.regimes = Costs(tuning, passes, free_draft), {}  # type: Costs, Dict[str, Regime]
+        self.costs = Costs(passes, free_draft, tuning.slope_guess, tuning.draft_guess, tuning.doubt, tuning.steady,
+                           tuning.unknown_left)
+        self.regimes: Dict[str, Regime] = {}
 
     def regime(self, name: str) -> Regime:
         if name not in self.regimes:
