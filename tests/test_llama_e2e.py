@@ -77,6 +77,9 @@ def test_exact_pq_seeded_run_reproduces(spec):
     b = spec.generate(m, max_tokens=40, temperature=0.8, seed=9, k="auto", p_min="auto", drafter_invariant=False)
     assert a.tokens == b.tokens and a.stats["verification"] == "exact"
     assert a.stats["k_hist"] == b.stats["k_hist"]  # the same choices, so the same draws
+    pair = spec.pair  # each run had its sampler passed: none stays behind in the pair's adapters
+    assert pair.target.sampler.rule == pair.draft_model.sampler.rule == "greedy"
+    assert pair.target.warp_seconds > 0  # its copies' warping counted in the pair's timers
 
 
 def test_emitted_token_follows_target_distribution(target, draft):

@@ -63,7 +63,7 @@ class Runner:
                 pair.reset(unless_held=not (config.k == "auto" and clock_blind(config)))
             t0, before = time.perf_counter(), pair.timers()
             cached = len(ids) - pair.target.model.lag(ids)
-            pair.use(sampler)
+            target, drafter = pair.bound(sampler)
             budget = self.budget(ids, config)
             view = SlotView(config.regime, AUTO_K_MAX, target_lag=max(1, len(ids) - cached),
                             draft_lag=pair.drafter.lag(ids), remaining=budget)
@@ -72,8 +72,8 @@ class Runner:
             forget = clock_blind(config)
             lookup = None if pair.lookup is None else LookupFirst(
                 SuffixDrafter(0) if forget else pair.lookup, self.learning.lookup_length(config))
-            drafter = SuffixDrafter(0) if forget and isinstance(pair.drafter, SuffixDrafter) else pair.drafter
-            dec = SpeculativeDecoder(drafter, pair.target, k=length, sampler=sampler,
+            drafter = SuffixDrafter(0) if forget and isinstance(drafter, SuffixDrafter) else drafter
+            dec = SpeculativeDecoder(drafter, target, k=length, sampler=sampler,
                                      p_min=config.p_min, plain_first=True, lookup=lookup,  # the first token at once
                                      regime=config.regime)
             out, produced = self._text(config), []

@@ -31,7 +31,11 @@ class LlamaTarget:
     def __init__(self, model: LlamaModel) -> None:
         self.model = model
         self.sampler = Sampler()
-        self.warp_seconds = 0.0
+        self.warp = [0.0]  # seconds spent warping, shared with copies bound to a run's sampler
+
+    @property
+    def warp_seconds(self) -> float:
+        return self.warp[0]
 
     def lag(self, prefix: Sequence[int]) -> int:
         """Tokens of ``prefix`` a call evaluates besides the proposals: those the cache
@@ -43,14 +47,15 @@ class LlamaTarget:
         logits = self.model.eval(context, len(proposed) + 1, proposed=len(proposed))
         t0 = time.perf_counter()
         rows = self.sampler.target_rows(logits, context)
-        self.warp_seconds += time.perf_counter() - t0
+        self.warp[0] += time.perf_counter() - t0
         return rows
 
 
 class ModelDrafter:
     """A :class:`~specgguf.ops.drafter.Drafter` over a GGUF draft model.
 
-    Each token is picked by the shared :class:`~specgguf.ops.sampling.Sampler`:
+    Each token is picked by the run's :class:`~specgguf.ops.sampling.Sampler`
+    (:meth:`~specgguf.llama.pair.ModelPair.bound` gives each run a copy bound to it):
     the argmax when greedy, a sample of the warped q for exact verification,
     the race winner for drafter-invariant verification. The lag is what the
     model's KV cache lacks of the context.

@@ -11,6 +11,7 @@ machine).
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 from typing import List, Optional, Sequence, Union
@@ -178,11 +179,19 @@ class ModelPair:
             if not (unless_held and getattr(m, "held", lambda: False)()):
                 m.reset()
 
-    def use(self, sampler: Sampler) -> None:
-        """Warp and pick tokens by ``sampler`` from now on (both models alike)."""
-        self.target.sampler = sampler
-        if self.draft_model is not None:
-            self.draft_model.sampler = sampler
+    def bound(self, sampler: Sampler) -> tuple:
+        """``(target, drafter)`` for one run, warping and picking tokens by
+        ``sampler``: copies of the pair's adapters that share their models and
+        caches (whose state they change in place), so no run's sampler stays
+        behind in the pair. The drafter is the pair's own when it has no draft
+        model (a lookup picks no tokens by a sampler)."""
+        target = copy.copy(self.target)
+        target.sampler = sampler
+        if self.draft_model is None:
+            return target, self.drafter
+        drafter = copy.copy(self.draft_model)
+        drafter.sampler = sampler
+        return target, drafter
 
     def prompt_agreement(self, ids: List[int], sampler: Sampler) -> Optional[tuple]:
         """``(the draft's acceptance on this prompt, positions measured)`` (see

@@ -135,7 +135,7 @@ class CrossDrafter:
         target, draft: the two vocabularies.
         vmap: their shared tokens (made here if None).
 
-    ``sampler`` is the generation's (set by the pair, as for
+    ``sampler`` is the generation's (a copy bound to it per run, as for
     :class:`~specgguf.llama.adapter.ModelDrafter`): greedy drafts by text,
     every other rule by shared tokens (module docstring).
     """
