@@ -303,6 +303,23 @@ def test_explain_says_what_the_choice_rests_on():
     assert "predicted at" in line and "acceptance" in line and "this process's rounds" in line
 
 
+def test_a_forward_timed_in_a_busy_spell_does_not_make_drafting_look_boundless():
+    """Tried on a busy machine: the one plain round after the prompt timed a
+    one-token forward in a spike (here 10x), every round after drafted K=8 and
+    never timed one token again, and --stats read "K=8 is predicted at
+    49.35x plain decoding". A shorter forward is priced at most ``spike`` of a
+    longer one as timed, so no prediction passes (K + 1) x spike."""
+    p = Policy(8)
+    view = SlotView("greedy", 8)
+    p.round_done([view], [0], Measured(1, 0.25))  # 10x the 0.025 it costs
+    for _ in range(20):
+        p.round_done([view], [8], Measured(9, 0.045, [(2, 0.008, 1)] + [(1, 0.004, 1)] * 7, 9))
+    p.measured("greedy", 0.97, 64)
+    assert p.costs.target(1) <= Tuning.spike * p.costs.target(9)
+    rates = p.rates("greedy")
+    assert max(rates) / rates[0] <= 9 * Tuning.spike
+
+
 def test_each_token_count_is_priced_as_timed_and_follows_the_machines_speed():
     """On Zen 4 a target forward of 1, 2, 5 and 9 tokens took 20.5, 29.0, 36.7
     and 43.7 ms: concave, so a line through the rounds priced K=8 too dear

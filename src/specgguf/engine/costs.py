@@ -56,8 +56,8 @@ class Timed:
     reprices those it does not. Not a line: one token runs other kernels and
     2 -> 9 tokens is concave, so a line prices K = 8 too dear ever to try."""
 
-    def __init__(self, slope: float, flat: bool, pace: List[float]) -> None:
-        self.slope, self.flat, self.pace, self.s = slope, flat, pace, {}
+    def __init__(self, slope: float, flat: bool, pace: List[float], spike: float = 1.5) -> None:
+        self.slope, self.flat, self.pace, self.spike, self.s = slope, flat, pace, spike, {}
 
     def observe(self, n: int, seconds: float) -> None:
         if n <= 0 or seconds <= 0.0:  # no forward, or none the clock could see
@@ -67,20 +67,28 @@ class Timed:
         self.s[n] = _follow(self.s.get(n), seconds / self.pace[0])
 
     def __call__(self, n: int) -> float:
+        """Seconds of a forward over ``n`` tokens: at most ``spike`` times a longer
+        one's as timed (a one-token forward timed in a busy spell, never timed
+        again while every round drafted, once made drafting look 49x faster
+        than plain decoding; noise alone never reads a shorter forward 1.5x a longer)."""
         if n <= 0:
             return 0.0
         if not self.s:  # nothing timed (or a policy blind to the clock): a unit, at the slope guessed
             return self.pace[0] * (1 + self.slope * (n - 1))
+        longer = [y for c, y in self.s.items() if c > n]
+        return self.pace[0] * (min(self._shape(n), self.spike * min(longer)) if longer else self._shape(n))
+
+    def _shape(self, n: int) -> float:
         lo, hi = max((c for c in self.s if c <= n), default=0), min((c for c in self.s if c >= n), default=0)
         if not lo:
-            return self.pace[0] * self.s[hi] * n / hi
+            return self.s[hi] * n / hi
         if not hi:
             if len(self.s) == 1:
-                return self.pace[0] * self.s[lo] * (1 + self.slope * (n - lo))
+                return self.s[lo] * (1 + self.slope * (n - lo))
             (a, x), (b, y) = sorted(self.s.items())[-2:]
-            return self.pace[0] * (y + (0.0 if self.flat else max(0.0, (y - x) / (b - a)) * (n - b)))
+            return y + (0.0 if self.flat else max(0.0, (y - x) / (b - a)) * (n - b))
         f = (n - lo) / (hi - lo) if hi > lo else 0.0
-        return self.pace[0] * (self.s[lo] + (self.s[hi] - self.s[lo]) * f)
+        return self.s[lo] + (self.s[hi] - self.s[lo]) * f
 
 
 def _follow(old: Optional[float], new: float) -> float:
@@ -97,11 +105,11 @@ class Costs:
     policy's (:class:`~specgguf.engine.policy.Tuning`, where each is explained)."""
 
     def __init__(self, passes: Optional[Callable], free_draft: bool, slope_guess: float, draft_guess: float,
-                 doubt: float, steady: int, unknown_left: int) -> None:
+                 doubt: float, steady: int, unknown_left: int, spike: float) -> None:
         self.count_passes, self.free, pace = passes, free_draft, [1.0]  # a busy machine slows both
         self.slope_guess, self.draft_guess, self.doubt = slope_guess, draft_guess, doubt
         self.steady, self.unknown_left = steady, unknown_left
-        self.target, self.draft = Timed(slope_guess, True, pace), Timed(slope_guess, False, pace)
+        self.target, self.draft = Timed(slope_guess, True, pace, spike), Timed(slope_guess, False, pace, spike)
 
     def observe(self, m: Measured, prompt: bool, passes: int) -> None:
         if not prompt and passes == 1 and m.target_tokens > 0:  # nor does a prompt's, several passes', none

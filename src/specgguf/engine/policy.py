@@ -43,6 +43,7 @@ class Tuning:
     slope_guess: float = 0.06  # a forward's price per token past one count timed, of that count's
     unknown_left: int = 128    # tokens a sequence is taken to have left when it does not say
     steady: int = 2            # draft tokens a sequence has in a forward without catch-up
+    spike: float = 1.5         # a shorter forward is priced at most this of a longer one as timed
 
 
 def expected_tokens(k_max: int, acc: Sequence[float]) -> List[float]:
@@ -166,7 +167,7 @@ class Policy:
             raise ValueError(f"k_max must be >= 1, got {k_max}")
         self.k_max, self.clock, self.t = k_max, clock, tuning
         self.costs = Costs(passes, free_draft, tuning.slope_guess, tuning.draft_guess, tuning.doubt, tuning.steady,
-                           tuning.unknown_left)
+                           tuning.unknown_left, tuning.spike)
         self.regimes: Dict[str, Regime] = {}
 
     def regime(self, name: str) -> Regime:
