@@ -201,7 +201,12 @@ class Engine:
     """Decoding rounds over up to ``target.slots`` requests at once, in a thread of its own.
 
     Args:
-        target: the target's :class:`LlamaModel` with several slots.
+        target: the target's :class:`LlamaModel` with several slots, or any
+            model with the part of its protocol the engine uses: ``slots``,
+            ``unified``, ``cache`` (per slot, the tokens its KV holds),
+            ``lag(seq, slot, n_logits)``, ``eval_many([(slot, seq, n_logits,
+            proposed)]) -> [[n_logits, V] float32]`` and ``reset()``
+            (``tests/test_engine_protocol.py`` drives it with a table).
         draft: the draft model's, with as many slots; None for none.
         ngram: a prompt-lookup drafter (:class:`~specgguf.ops.ngram.NgramDrafter`),
             used when there is no draft model.
