@@ -41,9 +41,9 @@ from typing import Deque, FrozenSet, List, Optional, Sequence
 
 import numpy as np
 
-from .decoder import DecoderStats
+from .decoder import DecoderStats, hand_out
 from .draft_length import DraftLength, draft_length
-from .lookup_first import FROM_DRAFT, FROM_LOOKUP, FROM_TARGET, lookup_view
+from .lookup_first import FROM_DRAFT, FROM_LOOKUP, lookup_view
 from .costs import Measured
 from .policy import Policy, SlotView
 from ..ops.drafter import Draft, common_prefix
@@ -107,17 +107,10 @@ class Ticket:
     def emit(self, tokens: Sequence[int], n_draft: int, source: int = FROM_DRAFT) -> bool:
         """Hand ``tokens`` (the first ``n_draft`` accepted drafts, from ``source``:
         FROM_DRAFT or FROM_LOOKUP) to the caller; True when the request is done."""
-        for i, t in enumerate(tokens):
+        for t in hand_out(self.stats, tokens, n_draft, source, self.stops, self.budget):
             self.ids.append(t)
-            self.stats.emit(source if i < n_draft else FROM_TARGET)
             self.queue.put(t)
-            if t in self.stops:
-                self.stats.finish_reason = "stop"
-                return True
-            if self.stats.emitted >= self.budget:
-                self.stats.finish_reason = "length"
-                return True
-        return False
+        return self.stats.finish_reason is not None
 
 
 class Slots:

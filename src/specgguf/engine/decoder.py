@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, FrozenSet, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -140,6 +140,23 @@ def sources(from_draft: bytes) -> List[str]:
     return [SOURCES[f] for f in from_draft]
 
 
+def hand_out(stats: DecoderStats, tokens: Sequence[int], n_draft: int, source: int, stops: FrozenSet[int],
+             budget: int) -> Iterator[int]:
+    """A round's ``tokens`` one by one, each counted in ``stats`` (the first
+    ``n_draft`` from ``source``, the last the target's own); ends after a stop
+    token (``finish_reason`` "stop") or the ``budget``-th token ("length").
+    The decoder and the engine's requests hand out their tokens through it."""
+    for i, t in enumerate(tokens):
+        stats.emit(source if i < n_draft else FROM_TARGET)
+        yield t
+        if t in stops:
+            stats.finish_reason = "stop"
+            return
+        if stats.emitted >= budget:
+            stats.finish_reason = "length"
+            return
+
+
 class SpeculativeDecoder:
     """Speculative decoding over a drafter and a target callback (module docstring).
 
@@ -228,13 +245,11 @@ class SpeculativeDecoder:
             stats.record(len(draft.tokens), n, stop, seconds=(t1 - t0, t2 - t1))
             report(turn, self.lookup, draft, n, measured(turn, draft, t1 - t0, t2 - t1, t3 - t0))
             after_miss = n < len(draft.tokens)
-            for i, t in enumerate(draft.tokens[:n] + [nxt]):
+            for t in hand_out(stats, draft.tokens[:n] + [nxt], n, turn.source, stops, max_new):
                 prefix.append(t)
-                stats.emit(turn.source if i < n else FROM_TARGET)
                 yield t
-                if t in stops:
-                    stats.finish_reason = "stop"
-                    return
+            if stats.finish_reason is not None:
+                return
         stats.finish_reason = "length"
 
     def _turn(self, prefix: List[int], remaining: int, after_miss: bool) -> Turn:
