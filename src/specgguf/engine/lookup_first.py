@@ -1,8 +1,10 @@
-"""Whose turn a round is, and telling its policy how the round went.
+"""Whose turn a round is, and telling its K object how the round went.
 
-With ``ngram=True`` a round drafts from an n-gram lookup
-(:class:`~specgguf.ops.ngram.NgramDrafter`) when the text so far has a match
-and the lookup's K is not 0; otherwise the draft model's K decides. The two
+With a lookup in front of the draft model (the default:
+:class:`~specgguf.ops.suffix.SuffixDrafter`; ``DraftModel(ngram=True)``:
+:class:`~specgguf.ops.ngram.NgramDrafter`) a round drafts from the lookup
+when the text so far has a match and the lookup's K is not 0; otherwise the
+draft model's K decides. The two
 differ in everything a policy weighs: a lookup costs microseconds and never
 lags, and its acceptance follows how much the text copies; the model pays a
 forward per token and catches up on whatever the lookup drafted. Pooled in
