@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from ..config import AUTO_K_MAX, LOOKUP_K_MAX, GenerationConfig
-from .draft_length import DraftLength, FixedK
+from .draft_length import DraftLength, draft_length
 from .policy import Policy, SlotView, Tuning
 from ..state import PairState
 
@@ -71,15 +71,19 @@ class Learning:
         was stored (a record is a prior, never a verdict), and drafting could
         pay for the run's sequence as ``view`` shows it
         (:meth:`~specgguf.engine.policy.Policy.worth_measuring`)."""
-        if config.k != "auto":
-            return FixedK(config.k)
-        policy = self.online.blind() if clock_blind(config) else self.online
-        self.ready(policy, config)
-        if measure is not None and view is not None and policy.worth_measuring(view):
-            got = measure()
-            if got is not None:
-                policy.measured(config.regime, got[0], got[1])
-        return policy
+        length = draft_length(config.k, lambda: self._own(self.online, config))
+        if length.auto:
+            self.ready(length, config)
+            if measure is not None and view is not None and length.worth_measuring(view):
+                got = measure()
+                if got is not None:
+                    length.measured(config.regime, got[0], got[1])
+        return length
+
+    @staticmethod
+    def _own(policy: Policy, config: GenerationConfig) -> Policy:
+        """``policy``, or for a run the clock must not change a blind one of its own."""
+        return policy.blind() if clock_blind(config) else policy
 
     def ready(self, policy: Policy, config: GenerationConfig) -> None:
         """On ``config``'s regime's first use in ``policy``: what was known
@@ -90,9 +94,7 @@ class Learning:
         """The own K object of an n-gram lookup tried before the draft model:
         the run's fixed K, or for k="auto" the lookup's policy; never stored:
         what a lookup accepts is about the text, not the pair."""
-        if config.k != "auto":
-            return FixedK(config.k)
-        return self.lookup.blind() if clock_blind(config) else self.lookup
+        return draft_length(config.k, lambda: self._own(self.lookup, config))
 
     def finish(self, length: DraftLength, config: GenerationConfig) -> None:
         """After a run: store what ``length`` learned of the draft in the run's
