@@ -175,3 +175,15 @@ def test_catchup_agreement_is_the_verifiers_verdict_greedy_and_invariant():
         # Rows before the output starts (the prompt) are skipped.
         prompt_rows = rng.standard_normal((2, v)).astype(np.float32)
         assert sampling.agreement(sampler, np.vstack([prompt_rows, draft]), context, origin - 2) == got
+
+
+def test_a_draft_that_agrees_everywhere_measures_at_most_one():
+    """Warped rows are float32: two identical rows' overlap summed to 1 + 7e-8
+    for about half of them, and a seeded sampled run whose draft agreed with
+    the target on its prompt failed with "a measured acceptance must be in
+    [0, 1]" (found by the corpus check on a Q4_1 target)."""
+    from specgguf.ops.sampling import Sampler, rows_agreement
+    s = Sampler("exact", (0.8, 40, 0.95, 0.05))
+    rows = (np.random.default_rng(1).standard_normal((64, 49152)) * 3).astype(np.float32)
+    got = [rows_agreement(s, r[None], r[None]) for r in rows]
+    assert all(0.999 < a <= 1.0 for a in got)
