@@ -2,7 +2,7 @@
 
 import pytest
 
-from specgguf.engine.decoder import DecoderStats
+from specgguf.engine.stats import DecoderStats
 from specgguf.engine.policy import expected_tokens
 from specgguf.cli.bench import Report, Runs, fixed_k_ceiling, position_rates
 

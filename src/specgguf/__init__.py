@@ -20,7 +20,7 @@ __version__ = "0.2.0"
 
 _WHERE = {
     "GenerationConfig": "config",
-    "DecoderStats": "engine.decoder", "SpeculativeDecoder": "engine.decoder",
+    "DecoderStats": "engine.stats", "SpeculativeDecoder": "engine.decoder",
     "Draft": "ops.drafter", "Drafter": "ops.drafter",
     "CrossDrafter": "ops.cross", "Vocab": "ops.cross", "VocabMap": "ops.cross",
     "generate": "api.speculative", "SpeculativeLlama": "api.speculative", "GenerationResult": "api.output",

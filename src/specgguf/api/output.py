@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from ..engine.decoder import sources
+from ..engine.stats import sources
 from ..llama.invariance import batch_invariance
 from ..llama.text import TextStream
 
@@ -53,7 +53,7 @@ class Pieces:
 
     Args:
         out: the run's text.
-        stats: its :class:`~specgguf.engine.decoder.DecoderStats` (each token's provenance).
+        stats: its :class:`~specgguf.engine.stats.DecoderStats` (each token's provenance).
         logprobs: its sampler's :class:`~specgguf.ops.logits.Logprobs`, or None.
     """
 

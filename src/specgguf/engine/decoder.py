@@ -1,8 +1,10 @@
-"""The draft/verify loop, read top to bottom.
+"""Speculative decoding of one sequence over any pair of models.
 
-Each round: the drafter proposes up to K tokens, the target scores the
-prefix plus those K in one call, and the sampler's rule keeps an accepted
-prefix plus one correction or bonus token. Any pair of models composes:
+Each round (:meth:`~specgguf.engine.rounds.Rounds.play`, the loop the
+engine runs over several sequences too): the drafter proposes up to K
+tokens, the target scores the prefix plus those K in one call, and the
+sampler's rule keeps an accepted prefix plus one correction or bonus token.
+Any pair of models composes:
 
     drafter:      a :class:`~specgguf.ops.drafter.Drafter` (propose, lag), or a
                   function draft_step(prefix, k) -> (tokens, probs[, info])
@@ -18,143 +20,21 @@ be None; sampling, both must be the models' warped distributions
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
-from typing import Callable, Dict, FrozenSet, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Iterator, List, Optional, Sequence, Union
 
 import numpy as np
 
 from ..checks import check_int, check_p_min
-from ..ops.drafter import Draft, Drafter, CallbackDrafter
-from .draft_length import FixedK, draft_length
-from .lookup_first import FROM_DRAFT, FROM_LOOKUP, FROM_TARGET, LookupFirst, Turn, measured, next_turn, report
-from .policy import Policy, SlotView
+from ..ops.drafter import Drafter, CallbackDrafter, EachDrafter
 from ..ops.sampling import Sampler
 from ..ops.verify import GeneratorLike
+from .draft_length import FixedK, draft_length
+from .lookup_first import LookupFirst
+from .policy import Policy
+from .rounds import Request, Rounds
+from .stats import DecoderStats
 
 TargetStep = Callable[[List[int], List[int]], np.ndarray]
-
-
-@dataclass
-class DecoderStats:
-    """Counts of one ``generate``/``stream`` call.
-
-    ``accepted_hist[n]`` counts rounds that accepted n drafts;
-    ``position_drafted[i]`` / ``position_accepted[i]`` count rounds that
-    drafted / accepted draft position i (0-based); ``k_hist[k]`` rounds that
-    drafted k tokens; ``stop_reasons`` why drafting stopped in rounds that
-    asked for tokens; ``from_draft[i]`` whether emitted token i was a draft
-    token the target accepted (1), a lookup's (2) or the target's own (0):
-    its provenance.
-    """
-
-    rounds: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    emitted: int = 0
-    finish_reason: Optional[str] = None
-    accepted_hist: List[int] = field(default_factory=list)
-    position_drafted: List[int] = field(default_factory=list)
-    position_accepted: List[int] = field(default_factory=list)
-    k_hist: Dict[int, int] = field(default_factory=dict)
-    stop_reasons: Dict[str, int] = field(default_factory=dict)
-    draft_seconds: float = 0.0
-    target_seconds: float = 0.0
-    first_target_seconds: float = 0.0  # the first round's, which also evaluates the prompt
-    verify_seconds: float = 0.0
-    from_draft: bytearray = field(default_factory=bytearray)
-
-    @property
-    def acceptance_rate(self) -> float:
-        """Accepted / drafted tokens (0 when nothing was drafted)."""
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
-    def mean_accepted(self) -> float:
-        """Mean accepted draft tokens per round."""
-        return self.accepted / self.rounds if self.rounds else 0.0
-
-    @property
-    def position_acceptance(self) -> List[float]:
-        """Per draft position: accepted / drafted."""
-        return [a / d if d else 0.0 for a, d in zip(self.position_accepted, self.position_drafted)]
-
-    def record(self, drafted: int, accepted: int, stop: Optional[str] = None,
-               seconds: Tuple[float, float] = (0.0, 0.0)) -> None:
-        """Add one round that drafted ``drafted`` and accepted ``accepted``;
-        ``stop``: why drafting stopped (rounds that asked for tokens);
-        ``seconds``: its draft's and its target's time (the first round's
-        target time is also kept apart: it evaluated the prompt too)."""
-        if self.rounds == 0:
-            self.first_target_seconds = seconds[1]
-        self.draft_seconds += seconds[0]
-        self.target_seconds += seconds[1]
-        self.rounds += 1
-        self.drafted += drafted
-        self.accepted += accepted
-        for lst, n in ((self.accepted_hist, accepted + 1), (self.position_drafted, drafted),
-                       (self.position_accepted, accepted)):
-            if len(lst) < n:
-                lst.extend([0] * (n - len(lst)))
-        self.accepted_hist[accepted] += 1
-        for i in range(drafted):
-            self.position_drafted[i] += 1
-        for i in range(accepted):
-            self.position_accepted[i] += 1
-        self.k_hist[drafted] = self.k_hist.get(drafted, 0) + 1
-        if stop is not None:
-            self.stop_reasons[stop] = self.stop_reasons.get(stop, 0) + 1
-
-    def emit(self, source: int) -> None:
-        """Count one emitted token and where it came from (FROM_TARGET, FROM_DRAFT or FROM_LOOKUP)."""
-        self.emitted += 1
-        self.from_draft.append(int(source))
-
-    def by_source(self) -> Dict[str, int]:
-        """Emitted tokens per source: ``{"target": n, "draft": n, "lookup": n}``."""
-        return {name: self.from_draft.count(i) for i, name in SOURCES.items()}
-
-    def as_dict(self) -> dict:
-        """Plain dict of every count and derived rate (for JSON output;
-        provenance goes out per token, as :func:`sources`)."""
-        return {
-            "rounds": self.rounds, "drafted": self.drafted, "accepted": self.accepted,
-            "emitted": self.emitted, "finish_reason": self.finish_reason,
-            "acceptance_rate": self.acceptance_rate, "mean_accepted": self.mean_accepted,
-            "accepted_hist": list(self.accepted_hist), "position_acceptance": self.position_acceptance,
-            "position_drafted": list(self.position_drafted), "position_accepted": list(self.position_accepted),
-            "k_hist": dict(sorted(self.k_hist.items())), "stop_reasons": dict(self.stop_reasons),
-            "draft_seconds": self.draft_seconds, "target_seconds": self.target_seconds,
-            "first_target_seconds": self.first_target_seconds, "verify_seconds": self.verify_seconds,
-            "tokens_by_source": self.by_source(),
-        }
-
-
-SOURCES = {FROM_TARGET: "target", FROM_DRAFT: "draft", FROM_LOOKUP: "lookup"}
-
-
-def sources(from_draft: bytes) -> List[str]:
-    """Provenance as the API shows it: ``"draft"`` for a draft model's token the
-    target accepted, ``"lookup"`` for a lookup's, ``"target"`` for one the
-    target produced."""
-    return [SOURCES[f] for f in from_draft]
-
-
-def hand_out(stats: DecoderStats, tokens: Sequence[int], n_draft: int, source: int, stops: FrozenSet[int],
-             budget: int) -> Iterator[int]:
-    """A round's ``tokens`` one by one, each counted in ``stats`` (the first
-    ``n_draft`` from ``source``, the last the target's own); ends after a stop
-    token (``finish_reason`` "stop") or the ``budget``-th token ("length").
-    The decoder and the engine's requests hand out their tokens through it."""
-    for i, t in enumerate(tokens):
-        stats.emit(source if i < n_draft else FROM_TARGET)
-        yield t
-        if t in stops:
-            stats.finish_reason = "stop"
-            return
-        if stats.emitted >= budget:
-            stats.finish_reason = "length"
-            return
 
 
 class SpeculativeDecoder:
@@ -223,70 +103,50 @@ class SpeculativeDecoder:
         if not prefix:
             raise ValueError("prompt_ids must hold at least one token")
         max_new = check_int("max_new", max_new, 0)
-        self.stats = DecoderStats()
         self.sampler.restart()  # a grammar starts over with each text
-        return self._rounds(prefix, max_new, frozenset(int(t) for t in stop_tokens))
-
-    def _rounds(self, prefix: List[int], max_new: int, stops: frozenset) -> Iterator[int]:
-        stats, after_miss = self.stats, False
-        while stats.emitted < max_new:
-            turn = self._turn(prefix, max_new - stats.emitted, after_miss)
-            t0 = time.perf_counter()
-            draft = self._draft(turn, prefix)
-            t1 = time.perf_counter()
-            target = self.target_step(list(prefix), list(draft.tokens))
-            t2 = time.perf_counter()
-            self._check_target(target, len(draft.tokens))
-            n, nxt = self.sampler.verify(target, draft, stats.emitted)
-            t3 = time.perf_counter()
-            stats.verify_seconds += t3 - t2
-            capped = turn.k == turn.view.cap < self.length.k_max  # the tokens left, not the drafter, ended it
-            stop = None if turn.k == 0 else ("max_new" if capped and draft.stop == "max" else draft.stop)
-            stats.record(len(draft.tokens), n, stop, seconds=(t1 - t0, t2 - t1))
-            report(turn, self.lookup, draft, n, measured(turn, draft, t1 - t0, t2 - t1, t3 - t0))
-            after_miss = n < len(draft.tokens)
-            for t in hand_out(stats, draft.tokens[:n] + [nxt], n, turn.source, stops, max_new):
-                prefix.append(t)
-                yield t
-            if stats.finish_reason is not None:
-                return
-        stats.finish_reason = "length"
-
-    def _turn(self, prefix: List[int], remaining: int, after_miss: bool) -> Turn:
-        """Who drafts the next round, and how many: at most ``remaining - 1``
-        (a round emits up to K + 1: never past max_new), none in a first round
-        that is to give its token at once (``plain_first``)."""
-        first = self.stats.rounds == 0
-        cap = 0 if first and self.plain_first else min(self.length.k_max, remaining - 1)
-        lag = self.drafter.lag(prefix) if self.length.auto else 1  # O(context): only a policy weighs it
-        # A first round reads the prompt, or nothing when the target holds it with the row after it
-        # (the prompt's measurement left it so): a round that ran no forward times none.
-        t_lag = getattr(self.target_step, "lag", lambda p: len(p))(prefix) if first else 1
-        view = SlotView(self.regime, cap, False, t_lag, lag, remaining, after_miss)
-        return next_turn(prefix, view, self.drafter, self.length, self.lookup)
-
-    def _draft(self, turn: Turn, prefix: List[int]) -> Draft:
-        k = turn.k
-        if k == 0:
-            return Draft(forwards=[])
-        p_min = self.p_min
-        if p_min == "auto":  # from the costs of the policy that chose this round's drafter
-            p_min = turn.length.p_min(self.regime)
-        draft = turn.drafter.propose(prefix, k, None if p_min is None else float(p_min))
-        if len(draft.tokens) > k:
-            raise ValueError(f"the drafter returned {len(draft.tokens)} tokens, more than the k = {k} asked for")
-        if self.sampler.rule == "exact" and draft.tokens and not draft.onehot:
-            if draft.probs is None:
-                raise ValueError("draft_step returned probs=None; sampling (greedy=False) needs "
-                                 "the draft's [k, V] distribution")
-            if np.ndim(draft.probs) != 2 or np.shape(draft.probs)[0] != len(draft.tokens):
-                raise ValueError(f"draft_step returned probs of shape {np.shape(draft.probs)}; "
-                                 f"expected ({len(draft.tokens)}, V) for {len(draft.tokens)} tokens")
-        return draft
+        out: List[int] = []
+        lookup = self.lookup
+        req = Request(prefix, max_new, frozenset(int(t) for t in stop_tokens), self.sampler, self.regime,
+                      self.length, lookup.length if lookup else None, self.p_min, self.plain_first, out.append)
+        self.stats = req.stats
+        rounds = Rounds(StepTarget(self.target_step), EachDrafter(self.drafter), [lookup.lookup] if lookup else None)
+        return self._rounds(rounds, req, out)
 
     @staticmethod
-    def _check_target(target: object, n_proposed: int) -> None:
-        shape = np.shape(target)
+    def _rounds(rounds: Rounds, req: Request, out: List[int]) -> Iterator[int]:
+        """The rounds of one sequence, inline: each round's tokens as it ends."""
+        if req.budget == 0:
+            req.stats.finish_reason = "length"
+        while req.stats.finish_reason is None:
+            ended = rounds.play([req])
+            yield from out
+            out.clear()
+            for _, error in ended:
+                if error is not None:
+                    raise error
+
+
+class StepTarget:
+    """A ``target_step(prefix, proposed)`` as the rounds' target (one
+    sequence): its rows are what the verifier reads (``warped``), checked
+    for shape; what it lags by, its ``lag(prefix)`` in the first round (a
+    step without one: the whole prompt), then the last token."""
+
+    warped = True
+
+    def __init__(self, step: TargetStep) -> None:
+        self.step, self.first = step, True
+
+    def lag(self, seq: Sequence[int], slot: int = 0) -> int:
+        return getattr(self.step, "lag", len)(seq) if self.first else 1
+
+    def eval_many(self, work: Sequence[tuple]) -> List[np.ndarray]:
+        (_, seq, _, n_proposed), = work
+        cut = len(seq) - n_proposed
+        rows = self.step(list(seq[:cut]), list(seq[cut:]))
+        shape = np.shape(rows)
         if len(shape) != 2 or shape[0] != n_proposed + 1:
             raise ValueError(f"target_step returned shape {shape}; expected "
                              f"({n_proposed + 1}, V) for {n_proposed} proposed tokens")
+        self.first = False
+        return [rows]

@@ -24,21 +24,25 @@ from .policy import Policy, SlotView
 
 class FixedK:
     """The caller's K: each sequence drafts ``min(k, its cap)`` (its cap: what
-    it may still emit, less the round's own token). Every report is ignored."""
+    it may still emit, less the round's own token). It learns nothing; what
+    its rounds show of the draft goes on to ``teach`` if given (the engine's
+    policy, which learns the draft from every request)."""
 
     auto = False
 
-    def __init__(self, k: int) -> None:
-        self.k_max = check_int("k", k, 0)
+    def __init__(self, k: int, teach: Optional[Policy] = None) -> None:
+        self.k_max, self.teach = check_int("k", k, 0), teach
 
     def choose(self, views: Sequence[SlotView]) -> List[int]:
         return [min(self.k_max, v.cap) for v in views]
 
     def observe(self, regime: str, drafted: int, accepted: int, after_miss: bool = False) -> None:
-        pass
+        if self.teach is not None:
+            self.teach.observe(regime, drafted, accepted, after_miss)
 
     def read_back(self, regime: str, accepted: float, positions: int) -> None:
-        pass
+        if self.teach is not None:
+            self.teach.read_back(regime, accepted, positions)
 
     def round_done(self, views: Sequence[SlotView], ks: Sequence[int], m: Optional[Measured]) -> None:
         pass
@@ -54,13 +58,15 @@ class FixedK:
 DraftLength = Union[FixedK, Policy]
 
 
-def draft_length(k: Union[int, str, Policy, FixedK], policy: Callable[[], Policy] = Policy) -> DraftLength:
-    """The K object for setting ``k``: a :class:`FixedK` for an int, ``policy()``
-    for ``"auto"``, and a K object as it is (shared: what a policy learns carries over)."""
+def draft_length(k: Union[int, str, Policy, FixedK], policy: Callable[[], Policy] = Policy,
+                 teach: Optional[Policy] = None) -> DraftLength:
+    """The K object for setting ``k``: a :class:`FixedK` for an int (teaching
+    ``teach``), ``policy()`` for ``"auto"``, and a K object as it is (shared:
+    what a policy learns carries over)."""
     if isinstance(k, (Policy, FixedK)):
         return k
     if k == "auto":
         return policy()
     if isinstance(k, str):
         raise ValueError(f"k must be an int >= 0, 'auto' or a Policy, got {k!r}")
-    return FixedK(k)
+    return FixedK(k, teach)

@@ -24,14 +24,14 @@ text, not the pair). Used by the decoder and by
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Optional, Sequence
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from ..ops.drafter import Draft, Drafter
+from ..ops.drafter import Draft, Drafter, timed_forwards
 from .draft_length import DraftLength
 from .costs import Measured
 from .policy import SlotView
 
-# Where an emitted token came from (DecoderStats.emit; the API names them decoder.SOURCES).
+# Where an emitted token came from (DecoderStats.emit; the API names them stats.SOURCES).
 FROM_TARGET, FROM_DRAFT, FROM_LOOKUP = 0, 1, 2
 
 
@@ -46,7 +46,7 @@ class Turn:
 
     @property
     def source(self) -> int:
-        """What its accepted tokens count as (:meth:`~specgguf.engine.decoder.DecoderStats.emit`)."""
+        """What its accepted tokens count as (:meth:`~specgguf.engine.stats.DecoderStats.emit`)."""
         return FROM_LOOKUP if getattr(self.drafter, "model_free", False) else FROM_DRAFT
 
 
@@ -73,42 +73,76 @@ class LookupFirst:
         return Turn(self.lookup, self.length, k, view) if k > 0 else None
 
 
+def choose_turns(contexts: Sequence[Sequence[int]], views: Sequence[SlotView], drafter: Drafter,
+                 lengths: Sequence[DraftLength], lookups: Sequence[Optional[LookupFirst]]) -> List[Turn]:
+    """Each sequence's :class:`Turn` this round: its lookup's (``lookups[i]``)
+    if that has a match for ``contexts[i]`` and its K object gives K > 0, else
+    ``drafter``'s with ``lengths[i]``'s K (within ``views[i].cap``). Sequences
+    sharing a K object are chosen in one call (a policy prices their round as
+    one batch)."""
+    turns: List[Optional[Turn]] = [None] * len(views)
+    found = [i for i, (c, v, look) in enumerate(zip(contexts, views, lookups))
+             if look is not None and v.cap > 0 and look.lookup.propose(c, 1).tokens]
+    for length, idx in _grouped(found, [lookups[i].length for i in found]):
+        mine = [lookup_view(views[i], length.k_max) for i in idx]
+        for i, v, k in zip(idx, mine, length.choose(mine)):
+            if k > 0:
+                turns[i] = Turn(lookups[i].lookup, length, k, v)
+    rest = [i for i, t in enumerate(turns) if t is None]
+    for length, idx in _grouped(rest, [lengths[i] for i in rest]):
+        for i, k in zip(idx, length.choose([views[i] for i in idx])):
+            turns[i] = Turn(drafter, length, k if views[i].cap > 0 else 0, views[i])
+    return turns
+
+
+def _grouped(idx: Sequence[int], objects: Sequence[object]) -> List[Tuple[object, List[int]]]:
+    """``idx`` grouped by the object each has (by identity), in first-seen order."""
+    groups: Dict[int, Tuple[object, List[int]]] = {}
+    for i, o in zip(idx, objects):
+        groups.setdefault(id(o), (o, []))[1].append(i)
+    return list(groups.values())
+
+
 def next_turn(context: Sequence[int], view: SlotView, drafter: Drafter, length: DraftLength,
               lookup: Optional[LookupFirst]) -> Turn:
-    """The next round's :class:`Turn` for a sequence the K objects see as
-    ``view``: the lookup's, if it takes one, else the model ``drafter``'s
-    with ``length``'s K (within ``view.cap``)."""
-    turn = lookup.turn(context, view) if lookup is not None and view.cap > 0 else None
-    if turn is not None:
-        return turn
-    return Turn(drafter, length, length.choose([view])[0] if view.cap > 0 else 0, view)
+    """:func:`choose_turns` for one sequence."""
+    return choose_turns([context], [view], drafter, [length], [lookup])[0]
 
 
 def measured(turn: Turn, draft: Draft, draft_seconds: float, target_seconds: float, round_seconds: float) -> Measured:
-    """What a round took, for the policies: the target's forward over its
-    tokens, each draft forward (a drafter that did not time its forwards:
-    its time shared among them, the first over the draft's lag), and the rest."""
+    """What one sequence's round took, for the policies: the target's forward
+    over its tokens, each draft forward (:func:`~specgguf.ops.drafter.timed_forwards`),
+    and the rest."""
     n = len(draft.tokens)
-    forwards = draft.forwards
-    if forwards is None:
-        forwards = [(max(1, turn.view.draft_lag) if i == 0 else 1, draft_seconds / n) for i in range(n)]
+    forwards = timed_forwards(draft, turn.view.draft_lag, draft_seconds)
     spent = sum(s for _, s in forwards)
     return Measured(turn.view.target_lag + n, target_seconds, [(t, s, 1) for t, s in forwards], n + 1,
                     max(0.0, round_seconds - target_seconds - spent))
 
 
+def tell(turns: Sequence[Turn], drafts: Sequence[Draft], accepted: Sequence[Optional[int]],
+         m: Optional[Measured], lengths: Iterable[DraftLength] = ()) -> None:
+    """How a round went, to the K objects: each sequence's verdict
+    (``accepted[i]``; None: it failed, no verdict) and its draft's read-back
+    of tokens it caught up on to the K object that chose its turn; the
+    round's costs (``m``; None: untimed) to every K object in a turn or in
+    ``lengths`` (a lookup's that did not draft: it times the target's
+    forwards from the model's rounds and plain ones, and counts them as
+    rounds it did not draft), each with the tokens it drafted."""
+    for t, d, n in zip(turns, drafts, accepted):
+        if n is None:
+            continue
+        if d.catchup:
+            t.length.read_back(t.view.regime, float(d.catchup[0]), int(d.catchup[1]))
+        t.length.observe(t.view.regime, len(d.tokens), n, t.view.after_miss)
+    views, every = [t.view for t in turns], {}
+    for length in [t.length for t in turns] + list(lengths):
+        every.setdefault(id(length), length)
+    for length in every.values():
+        length.round_done(views, [len(d.tokens) if t.length is length else 0 for t, d in zip(turns, drafts)], m)
+
+
 def report(turn: Turn, lookup: Optional[LookupFirst], draft: Draft, accepted: int,
            m: Optional[Measured]) -> None:
-    """How ``turn``'s round went, to the K object that chose it (its verdict,
-    the draft's read-back of tokens it caught up on, the round's costs; ``m``
-    None: untimed); the model's rounds and plain ones also to the lookup's: it
-    times the target's forwards from them (when the model drafts every round,
-    the lookup's policy heard no forward and never drafted), and counts them
-    as rounds it did not draft."""
-    view, n, length = turn.view, len(draft.tokens), turn.length
-    if draft.catchup:
-        length.read_back(view.regime, float(draft.catchup[0]), int(draft.catchup[1]))
-    length.observe(view.regime, n, accepted, view.after_miss)
-    length.round_done([view], [n], m)
-    if lookup is not None and lookup.length is not length:
-        lookup.length.round_done([view], [0], m)
+    """:func:`tell` for one sequence's round (``lookup``: its lookup, if any)."""
+    tell([turn], [draft], [accepted], m, [lookup.length] if lookup is not None else [])

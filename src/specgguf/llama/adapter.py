@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 import llama_cpp
 import numpy as np
 
-from ..ops.drafter import Draft, Proposal
+from ..ops.drafter import Ask, Draft, Proposal
 from .model import LlamaModel
 from ..ops.sampling import Sampler, agreement, rows_agreement
 
@@ -115,28 +115,27 @@ class SlotDrafter:
     def lag(self, context: Sequence[int], slot: int) -> int:
         return self.model.lag(context, slot)
 
-    def propose(self, work: Sequence[tuple]) -> tuple:
-        """``work``: ``(slot, context, sampler, k, p_min)`` per sequence (k 0:
-        none; p_min None: no cutoff). Returns each one's
-        :class:`~specgguf.ops.drafter.Draft` and the forwards run,
+    def propose(self, asks: Sequence[Ask]) -> tuple:
+        """Each :class:`~specgguf.ops.drafter.Ask`'s (k 0: none; p_min None:
+        no cutoff) :class:`~specgguf.ops.drafter.Draft` and the forwards run,
         ``[(tokens, seconds, sequences)]``."""
-        drafts = [Draft(confidence=[]) for _ in work]
-        forwards, probs = [], [[] for _ in work]
-        seqs = {i: list(context) for i, (_, context, _, k, _) in enumerate(work) if k > 0}
+        drafts = [Draft(confidence=[], forwards=[]) for _ in asks]
+        forwards, probs = [], [[] for _ in asks]
+        seqs = {i: list(a.context) for i, a in enumerate(asks) if a.k > 0}
         while seqs:
-            tokens = sum(self.model.lag(seq, work[i][0]) for i, seq in seqs.items())
+            tokens = sum(self.model.lag(seq, asks[i].slot) for i, seq in seqs.items())
             t0 = time.perf_counter()
-            rows = self.model.eval_many([(work[i][0], seq, 1) for i, seq in seqs.items()])
+            rows = self.model.eval_many([(asks[i].slot, seq, 1) for i, seq in seqs.items()])
             forwards.append((tokens, time.perf_counter() - t0, len(seqs)))
             for (i, seq), row in zip(list(seqs.items()), rows):
-                _, _, sampler, k, p_min = work[i]
+                a = asks[i]
                 try:
-                    tok, conf, q = sampler.pick(row[-1], seq)
+                    tok, conf, q = a.sampler.pick(row[-1], seq)
                 except ValueError:  # the draft found no token the rules allow: the target decides
                     drafts[i].stop = "end"
                     del seqs[i]
                     continue
-                if p_min is not None and conf < p_min:
+                if a.p_min is not None and conf < a.p_min:
                     drafts[i].stop = "cutoff"
                     del seqs[i]
                     continue
@@ -145,7 +144,7 @@ class SlotDrafter:
                 if q is not None:
                     probs[i].append(q)
                 seq.append(tok)
-                if len(drafts[i].tokens) >= k:
+                if len(drafts[i].tokens) >= a.k:
                     del seqs[i]
         for d, p in zip(drafts, probs):
             d.probs = np.stack(p) if p else None

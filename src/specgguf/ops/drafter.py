@@ -9,13 +9,19 @@ draft model), :class:`~specgguf.ops.ngram.NgramDrafter` (prompt lookup),
 and :class:`CallbackDrafter`, which wraps a plain ``draft_step`` function.
 A lookup tried before a model drafter, each with its own K, is
 :mod:`specgguf.engine.lookup_first`.
+
+The rounds (:mod:`specgguf.engine.rounds`) draft for one or several
+sequences at once through a batched drafter: ``propose([Ask]) -> (drafts,
+forwards)`` and ``lag(context, slot)``. A GGUF model over several slots is one
+(:class:`~specgguf.llama.adapter.SlotDrafter`: one forward per draft position
+for every sequence); :class:`EachDrafter` makes any drafter one.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
+from typing import Any, Callable, List, NamedTuple, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
 import numpy as np
 
@@ -113,6 +119,53 @@ class Drafter(Protocol):
         """How many tokens of ``context`` the drafter has not evaluated: what
         proposing now would first catch up on (0 for a lookup)."""
         ...
+
+
+class Ask(NamedTuple):
+    """One sequence's request to a batched drafter in a round."""
+
+    slot: int                # its slot in the models' caches
+    context: Sequence[int]   # the prompt and every accepted token
+    sampler: Any             # its :class:`~specgguf.ops.sampling.Sampler` (picks each draft token)
+    k: int                   # tokens to draft (0: none)
+    p_min: Optional[float]   # confidence cutoff (None: none)
+    lag: int                 # what the round's view said the drafter lags by (for untimed drafters)
+
+
+def timed_forwards(draft: Draft, lag: int, seconds: float) -> List[Tuple[int, float]]:
+    """``draft``'s forwards as ``(tokens, seconds)``: its own timings, or for a
+    drafter that does not time them, ``seconds`` shared among its tokens (the
+    first forward over the ``lag`` it caught up on)."""
+    if draft.forwards is not None:
+        return list(draft.forwards)
+    n = len(draft.tokens)
+    return [(max(1, lag) if i == 0 else 1, seconds / n) for i in range(n)]
+
+
+class EachDrafter:
+    """A one-sequence :class:`Drafter` as the rounds' batched drafter: it
+    proposes for each drafting sequence in turn (the sampler it was bound
+    to picks the tokens; the ``Ask``'s is not used)."""
+
+    def __init__(self, drafter: Drafter) -> None:
+        self.drafter = drafter
+        self.model_free = getattr(drafter, "model_free", False)  # a lookup's tokens (the API's sources)
+
+    def lag(self, context: Sequence[int], slot: int = 0) -> int:
+        return self.drafter.lag(context)
+
+    def propose(self, asks: Sequence[Ask]) -> tuple:
+        """Each ask's :class:`Draft` and the forwards run, ``[(tokens, seconds, sequences)]``."""
+        drafts, forwards = [], []
+        for a in asks:
+            if a.k <= 0:
+                drafts.append(Draft(forwards=[]))
+                continue
+            t0 = time.perf_counter()
+            d = self.drafter.propose(a.context, a.k, a.p_min)
+            forwards += [(n, s, 1) for n, s in timed_forwards(d, a.lag, time.perf_counter() - t0)]
+            drafts.append(d)
+        return drafts, forwards
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int], limit: Optional[int] = None) -> int:
