@@ -3,8 +3,9 @@
 The target scores ``[last emitted token, d_1 .. d_K]`` in ONE ``llama_decode``
 with logits at those K+1 positions only (:class:`LlamaTarget`); the model
 drafter proposes token by token from its own KV cache and owns its lag
-behind the accepted text (:class:`ModelDrafter`); for several slots at
-once, one batched forward per draft position (:class:`SlotDrafter`). Both go through
+behind the accepted text, for one slot or several at once, one batched
+forward per draft position (:class:`SlotDrafter`; :class:`ModelDrafter`
+is its one-sequence face). Both go through
 :class:`~specgguf.llama.model.LlamaModel`, which evaluates only what each
 cache lacks. Both warp with the same :class:`~specgguf.ops.sampling.Sampler`,
 which is what keeps sampling exact.
@@ -19,7 +20,7 @@ from typing import Optional, Sequence
 import llama_cpp
 import numpy as np
 
-from ..ops.drafter import Ask, Draft, Proposal
+from ..ops.drafter import Ask, Draft
 from .model import LlamaModel
 from ..ops.sampling import Sampler, agreement, rows_agreement
 
@@ -51,68 +52,21 @@ class LlamaTarget:
         return rows
 
 
-class ModelDrafter:
-    """A :class:`~specgguf.ops.drafter.Drafter` over a GGUF draft model.
-
-    Each token is picked by the run's :class:`~specgguf.ops.sampling.Sampler`
-    (:meth:`~specgguf.llama.pair.ModelPair.bound` gives each run a copy bound to it):
-    the argmax when greedy, a sample of the warped q for exact verification,
-    the race winner for drafter-invariant verification. The lag is what the
-    model's KV cache lacks of the context.
-    """
+class SlotDrafter:
+    """A GGUF draft model as the rounds' drafter, for one slot or several: one
+    batched ``llama_decode`` per draft position across the slots still
+    drafting, the first also catching each one up; each slot picks its
+    tokens with its own sampler (the argmax when greedy, a sample of the
+    warped q for exact verification, the race winner for drafter-invariant
+    verification) and stops at its own K or cutoff. The lag is what the
+    model's KV cache lacks of the context."""
 
     CHECK_ROWS = 32  # tokens skipped that a catch-up reads the draft's rows back for
 
     def __init__(self, model: LlamaModel) -> None:
         self.model = model
-        self.sampler = Sampler()
 
-    def lag(self, context: Sequence[int]) -> int:
-        return self.model.lag(context)
-
-    def propose(self, context: Sequence[int], k: int, p_min: Optional[float] = None) -> Draft:
-        seq = list(context)
-        out = Proposal(time.perf_counter())
-        checked, catchup = self._checked(seq), None
-        for _ in range(k):
-            # Catching up on tokens it skipped, the first forward also scores the
-            # last of them (up to CHECK_ROWS; they are evaluated anyway, and the
-            # extra output rows cost a fraction of the catch-up): a probe then
-            # learns the draft's acceptance on all of them, not only on the few
-            # tokens it drafts.
-            first, lag = not out.forwards, self.model.lag(seq)
-            rows = self.model.eval(seq, 1 + (checked if first else 0))
-            if first and checked:
-                catchup = agreement(self.sampler, rows[:-1], seq, len(seq) - checked)
-            out.forwarded(lag)  # the read-back is part of the catch-up's cost
-            tok, c, q = self.sampler.pick(rows[-1], seq)
-            if out.refuses(c, p_min):
-                break
-            out.add(tok, c, q)
-            seq.append(tok)
-        return out.draft(catchup)
-
-    def _checked(self, seq: Sequence[int]) -> int:
-        """Skipped tokens to score on the first forward: none after an
-        ordinary round (it skips at most the correction, or the last draft
-        token and the bonus, which follow a fully accepted round and would
-        flatter the draft), else the last emitted ones, up to CHECK_ROWS."""
-        lag = self.model.lag(seq)
-        if lag <= 2:
-            return 0
-        return max(0, min(self.CHECK_ROWS, lag - 1, len(seq) - self.sampler.origin))
-
-
-class SlotDrafter:
-    """A GGUF draft model drafting for several slots in shared rounds (the
-    engine's): one batched ``llama_decode`` per draft position across the
-    slots still drafting, the first also catching each one up; each slot
-    picks its tokens with its own sampler and stops at its own K or cutoff."""
-
-    def __init__(self, model: LlamaModel) -> None:
-        self.model = model
-
-    def lag(self, context: Sequence[int], slot: int) -> int:
+    def lag(self, context: Sequence[int], slot: int = 0) -> int:
         return self.model.lag(context, slot)
 
     def propose(self, asks: Sequence[Ask]) -> tuple:
@@ -122,33 +76,50 @@ class SlotDrafter:
         drafts = [Draft(confidence=[], forwards=[]) for _ in asks]
         forwards, probs = [], [[] for _ in asks]
         seqs = {i: list(a.context) for i, a in enumerate(asks) if a.k > 0}
+        # Catching up on tokens it skipped, the first forward also scores the last of them (up to
+        # CHECK_ROWS; they are evaluated anyway, and the extra output rows cost a fraction of the
+        # catch-up): a probe then learns the draft's acceptance on all of them, not only on the few
+        # tokens it drafts.
+        checked = {i: self._checked(seq, asks[i]) for i, seq in seqs.items()}
         while seqs:
             tokens = sum(self.model.lag(seq, asks[i].slot) for i, seq in seqs.items())
             t0 = time.perf_counter()
-            rows = self.model.eval_many([(asks[i].slot, seq, 1) for i, seq in seqs.items()])
+            rows = self.model.eval_many([(asks[i].slot, seq, 1 + checked.pop(i, 0)) for i, seq in seqs.items()])
             forwards.append((tokens, time.perf_counter() - t0, len(seqs)))
             for (i, seq), row in zip(list(seqs.items()), rows):
-                a = asks[i]
+                a, d = asks[i], drafts[i]
+                if len(row) > 1:
+                    d.catchup = agreement(a.sampler, row[:-1], seq, len(seq) - len(row) + 1)
                 try:
                     tok, conf, q = a.sampler.pick(row[-1], seq)
                 except ValueError:  # the draft found no token the rules allow: the target decides
-                    drafts[i].stop = "end"
+                    d.stop = "end"
                     del seqs[i]
                     continue
                 if a.p_min is not None and conf < a.p_min:
-                    drafts[i].stop = "cutoff"
+                    d.stop = "cutoff"
                     del seqs[i]
                     continue
-                drafts[i].tokens.append(tok)
-                drafts[i].confidence.append(conf)
+                d.tokens.append(tok)
+                d.confidence.append(conf)
                 if q is not None:
                     probs[i].append(q)
                 seq.append(tok)
-                if len(drafts[i].tokens) >= a.k:
+                if len(d.tokens) >= a.k:
                     del seqs[i]
         for d, p in zip(drafts, probs):
             d.probs = np.stack(p) if p else None
         return drafts, forwards
+
+    def _checked(self, seq: Sequence[int], ask: Ask) -> int:
+        """Skipped tokens to score on the first forward: none after an
+        ordinary round (it skips at most the correction, or the last draft
+        token and the bonus, which follow a fully accepted round and would
+        flatter the draft), else the last emitted ones, up to CHECK_ROWS."""
+        lag = self.model.lag(seq, ask.slot)
+        if lag <= 2:
+            return 0
+        return max(0, min(self.CHECK_ROWS, lag - 1, len(seq) - ask.sampler.origin))
 
     def agreement(self, work: Sequence[tuple]) -> tuple:
         """``work``: ``(slot, prompt ids, sampler, the target's rows [n, V] for
@@ -163,6 +134,28 @@ class SlotDrafter:
         forward = (tokens, time.perf_counter() - t0, len(work))
         return [text_agreement(self.model, ids, sampler, t_rows, d)
                 for (_, ids, sampler, t_rows), d in zip(work, rows)], forward
+
+
+class ModelDrafter:
+    """A :class:`~specgguf.ops.drafter.Drafter` over a GGUF draft model: the
+    :class:`SlotDrafter` for one sequence, its tokens picked by ``sampler``
+    (:meth:`~specgguf.llama.pair.ModelPair.bound` gives each run a copy bound
+    to its own); what :class:`~specgguf.api.draft_model.DraftModel` and
+    calibration draft with."""
+
+    CHECK_ROWS = SlotDrafter.CHECK_ROWS
+
+    def __init__(self, model: LlamaModel) -> None:
+        self.model, self.slots = model, SlotDrafter(model)
+        self.sampler = Sampler()
+
+    def lag(self, context: Sequence[int]) -> int:
+        return self.model.lag(context)
+
+    def propose(self, context: Sequence[int], k: int, p_min: Optional[float] = None) -> Draft:
+        (draft,), forwards = self.slots.propose([Ask(0, context, self.sampler, k, p_min, 0)])
+        draft.forwards = [(n, seconds) for n, seconds, _ in forwards]
+        return draft
 
 
 MEASURE_ROWS = 32  # prompt positions a first run's measurement scores

@@ -43,14 +43,14 @@ from typing import Callable, List, Optional, Sequence
 import numpy as np
 
 from ..config import AUTO_K_MAX, GenerationConfig
-from ..llama.adapter import ModelDrafter
+from ..llama.adapter import SlotDrafter
 from ..engine.draft_length import DraftLength, draft_length
 from ..engine.learning import Learning
 from ..engine.costs import Measured
 from ..engine.policy import Policy, SlotView, Tuning
 from ..state import PairState, Store
 
-CHECK_ROWS = ModelDrafter.CHECK_ROWS  # the read-back covers at most the last skipped tokens
+CHECK_ROWS = SlotDrafter.CHECK_ROWS  # the read-back covers at most the last skipped tokens
 
 
 @dataclass
@@ -148,18 +148,16 @@ def _round(call: Call, pos: int, view: SlotView, k: int, clock: _Clock) -> tuple
     clock.round += 1
     lag = view.draft_lag
     forwards = [(lag, c.draft_cost(lag) * f * fd, 1)] + [(1, c.draft_cost(1) * f * fd, 1)] * (k - 1) if k else []
-    checked = 0 if not k or lag <= 2 else max(0, min(CHECK_ROWS, lag - 1, pos))  # as ModelDrafter's read-back
+    checked = 0 if not k or lag <= 2 else max(0, min(CHECK_ROWS, lag - 1, pos))  # as SlotDrafter's read-back
     catchup = (float(sum(call.agree[pos - checked:pos])), checked) if checked else None
     m = Measured(view.target_lag + k, c.target_cost(view.target_lag + k) * f, forwards, k + 1, c.other * f)
     return _accepted(call, pos, k), m, catchup
 
 
-def _run_call(call: Call, length: DraftLength, regime: str, clock: _Clock, read_back: bool = True,
-              evaluated: int = 0) -> tuple:
+def _run_call(call: Call, length: DraftLength, regime: str, clock: _Clock, evaluated: int = 0) -> tuple:
     """One call; returns (tokens, seconds). ``length``: its K object. Round 0 reads the prompt; the draft, which has evaluated
-    ``evaluated`` tokens of the context, catches up when it first drafts;
-    ``read_back``: its catch-up reads back the skipped tokens (the decoder's
-    ModelDrafter does, the engine's batched draft does not)."""
+    ``evaluated`` tokens of the context, catches up when it first drafts,
+    reading back the skipped tokens (:class:`~specgguf.llama.adapter.SlotDrafter`)."""
     seconds, pos, rounds, n, after_miss = 0.0, 0, 0, call.n, False
     while pos < n:
         context, remaining = call.prompt + pos, n - pos
@@ -169,7 +167,7 @@ def _run_call(call: Call, length: DraftLength, regime: str, clock: _Clock, read_
         kk = length.choose([view])[0]
         accepted, m, catchup = _round(call, pos, view, kk, clock)
         seconds += m.target_seconds + m.rest_seconds + sum(x[1] for x in m.draft_forwards)
-        if catchup and read_back:
+        if catchup:
             length.read_back(regime, *catchup)
         length.observe(regime, kk, accepted, after_miss)
         length.round_done([view], [kk], m)
@@ -230,7 +228,7 @@ def replay(trace: Trace, k, seed: int = 0, store: Optional[Store] = None,
 
 def replay_engine(trace: Trace, k, seed: int = 0, tuning: Tuning = Tuning()) -> float:
     """:func:`replay` as the engine runs it (``serve`` with several slots), one
-    request at a time, from a fresh engine: no store, and no read-back; each
+    request at a time, from a fresh engine: no store; each
     request is new to its slot, so its draft catches up on all of it (in
     its prompt round, when that round measures the draft on the prompt)."""
     policy, regime = Policy(AUTO_K_MAX, tuning=tuning), trace.config.regime
@@ -244,7 +242,7 @@ def replay_engine(trace: Trace, k, seed: int = 0, tuning: Tuning = Tuning()) -> 
         if got is not None:
             policy.measured(regime, *got)
             seconds, evaluated = seconds + clock.c.draft_cost(call.prompt - 1), call.prompt - 1
-        t, s = _run_call(call, draft_length(k, lambda: policy), regime, clock, read_back=False, evaluated=evaluated)
+        t, s = _run_call(call, draft_length(k, lambda: policy), regime, clock, evaluated=evaluated)
         tokens, seconds = tokens + t, seconds + s
     return tokens / seconds
 
