@@ -179,3 +179,17 @@ def test_a_drafts_read_back_and_its_forwards_reach_the_policy():
     drafted = [(lag, k, f) for lag, (k, f) in zip(policy.lags, policy.forwards) if k]
     assert drafted and all(f == [lag] + [1] * (k - 1) for lag, k, f in drafted)
     assert read == [(0.5 * lag, lag) for lag, _, _ in drafted if lag > 2] and read
+
+
+def test_the_callback_decoder_needs_no_llama_cpp():
+    """The decoder over callbacks is the package's core: it must run where
+    llama-cpp-python is not installed (the aarch64 job runs these tests so).
+    A module on its import path that imports llama_cpp breaks that."""
+    import subprocess
+    import sys
+    code = ("import sys; sys.modules['llama_cpp'] = None\n"
+            "import specgguf\n"
+            "specgguf.SpeculativeDecoder(lambda p, k: ([], None), lambda p, d: None, k=2, greedy=True)\n"
+            "import specgguf.engine.rounds, specgguf.engine.decoder, specgguf.ops.drafter\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr

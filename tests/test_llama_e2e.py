@@ -14,11 +14,12 @@ llama_cpp = pytest.importorskip("llama_cpp")
 import specgguf  # noqa: E402
 from specgguf.api import SpeculativeLlama  # noqa: E402
 from specgguf.engine.calibration import measure_acceptance  # noqa: E402
-from specgguf.llama.adapter import (LlamaTarget, ModelDrafter, prompt_agreement, prompt_rows,  # noqa: E402
+from specgguf.llama.adapter import (LlamaTarget, ModelDrafter, prompt_agreement,  # noqa: E402
                                      text_agreement, text_rows)
 from specgguf.llama.model import LlamaModel  # noqa: E402
 from specgguf.engine.costs import Measured  # noqa: E402
 from specgguf.engine.policy import SlotView  # noqa: E402
+from specgguf.ops.drafter import prompt_rows  # noqa: E402
 from specgguf.ops.sampling import Sampler  # noqa: E402
 from tests.conftest import PROMPTS, load_model, msgs, plain_greedy  # noqa: E402
 

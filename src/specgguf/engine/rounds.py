@@ -37,8 +37,7 @@ from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..llama.adapter import prompt_rows
-from ..ops.drafter import Ask, Draft
+from ..ops.drafter import Ask, Draft, prompt_rows
 from ..ops.sampling import Sampler
 from .costs import Measured
 from .stats import DecoderStats, hand_out
@@ -218,7 +217,7 @@ def check_draft(draft: Draft, k: int, rule: str) -> None:
 
 def to_measure(reqs: Sequence[Request], views: Sequence[SlotView]) -> Dict[int, int]:
     """``{index: positions}``: the requests whose prompt round also measures
-    the draft on the prompt (:func:`~specgguf.llama.adapter.prompt_rows`):
+    the draft on the prompt (:func:`~specgguf.ops.drafter.prompt_rows`):
     one per regime its policy has seen too little of in this process and
     where drafting could pay (:meth:`~specgguf.engine.policy.Policy.worth_measuring`).
     A stored record is a prior; a probe into a poor draft pays its whole

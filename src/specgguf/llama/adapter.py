@@ -20,7 +20,7 @@ from typing import Optional, Sequence
 import llama_cpp
 import numpy as np
 
-from ..ops.drafter import Ask, Draft
+from ..ops.drafter import Ask, Draft, prompt_rows
 from .model import LlamaModel
 from ..ops.sampling import Sampler, agreement, rows_agreement
 
@@ -156,19 +156,6 @@ class ModelDrafter:
         (draft,), forwards = self.slots.propose([Ask(0, context, self.sampler, k, p_min, 0)])
         draft.forwards = [(n, seconds) for n, seconds, _ in forwards]
         return draft
-
-
-MEASURE_ROWS = 32  # prompt positions a first run's measurement scores
-
-
-def prompt_rows(ids: Sequence[int], lag: int) -> int:
-    """How many positions of a prompt ``ids`` to measure the draft on, when
-    the target's cache lacks ``lag`` of them: the last MEASURE_ROWS, less the
-    last token (left to the first round: no work is done twice) and those the
-    target holds already (scored again, they cost a first call on a cached
-    prompt 0.46 s here); 0 for too few to say anything."""
-    n = min(MEASURE_ROWS, len(ids) - 2, lag - 1)
-    return n if n >= 4 else 0
 
 
 def text_rows(model: LlamaModel, ids: Sequence[int], n: int) -> np.ndarray:

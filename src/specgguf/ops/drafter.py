@@ -213,3 +213,16 @@ class CallbackDrafter:
         self.evaluated = prefix + tokens[:-1]
         stop = info.get("stop") or ("max" if len(tokens) == k else "end")
         return Draft(tokens, out[1], bool(info.get("onehot")), stop, info.get("confidence"))
+
+
+MEASURE_ROWS = 32  # prompt positions a first run's measurement scores
+
+
+def prompt_rows(ids: Sequence[int], lag: int) -> int:
+    """How many positions of a prompt ``ids`` to measure the draft on, when
+    the target's cache lacks ``lag`` of them: the last MEASURE_ROWS, less the
+    last token (left to the first round: no work is done twice) and those the
+    target holds already (scored again, they cost a first call on a cached
+    prompt 0.46 s here); 0 for too few to say anything."""
+    n = min(MEASURE_ROWS, len(ids) - 2, lag - 1)
+    return n if n >= 4 else 0
