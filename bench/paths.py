@@ -11,6 +11,11 @@ meets the product; nothing is warmed or calibrated first.
 In that process, calls of --tokens tokens go through the path in turns: for
 each prompt, every K asked for (``auto`` and fixed K) in a rotating order,
 so every K sees the same prompts, seeds and stretch of the machine's speed.
+The lookup's memory of earlier requests is off (``lookup_memory=0``,
+``--lookup-memory 0``): each prompt is asked once per K, and a memory would
+replay the first answer to the later calls (3x, a regime no new chat
+meets; ``bench/workloads.py --turns 2`` measures that one). The lookup
+over the current text stays on, as a user gets it.
 k="auto" learns across the calls as it would for a user (the fixed-K calls
 touch nothing it learns). Printed per path and temperature: tokens/s per K
 (median over repetitions of each process's total), and two ratios measured
@@ -60,7 +65,7 @@ class Caller:
         self.files = (str(models.resolve_model(target)), str(models.resolve_model(draft)))
         self.proc = None
         if path == "speculative-llama":
-            self.llm = specgguf.SpeculativeLlama(target, draft, n_threads=args.threads)
+            self.llm = specgguf.SpeculativeLlama(target, draft, n_threads=args.threads, lookup_memory=0)
         elif path == "generate-llama":
             import llama_cpp
             load = lambda f: llama_cpp.Llama(f, n_ctx=2048, n_threads=args.threads, verbose=False)
@@ -79,7 +84,8 @@ class Caller:
         import openai
         port = free_port()
         self.proc = subprocess.Popen([sys.executable, "-m", "specgguf", "serve", "--port", str(port),
-                                      "--threads", str(self.args.threads), *self.pair_args()],
+                                      "--threads", str(self.args.threads), "--lookup-memory", "0",
+                                      *self.pair_args()],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         base = f"http://127.0.0.1:{port}"
         for _ in range(600):
@@ -119,7 +125,7 @@ class Caller:
         elif self.path in ("generate", "generate-llama"):
             t, d = self.objs if self.path == "generate-llama" else self.names
             r = specgguf.generate(msgs, target=t, draft=d, max_tokens=self.n, k=kval(k), temperature=temp,
-                                  seed=seed, n_threads=self.args.threads)
+                                  seed=seed, n_threads=self.args.threads, lookup_memory=0)
             n = len(r.tokens)
         elif self.path == "serve":
             r = self.client.chat.completions.create(model="specgguf", messages=msgs, max_tokens=self.n,

@@ -303,8 +303,8 @@ def cached_pair(target: ModelLike, draft: ModelLike, **load) -> SpeculativeLlama
 
 
 def generate(prompt: Prompt, *, target: ModelLike, draft: ModelLike, stream: bool = False, chat: bool = False,
-             lookup: Optional[bool] = None, ngram: Optional[bool] = None, n_ctx: int = 2048,
-             n_threads: Optional[int] = None,
+             lookup: Optional[bool] = None, ngram: Optional[bool] = None, lookup_memory: int = 16384,
+             n_ctx: int = 2048, n_threads: Optional[int] = None,
              rpc: Union[None, str, Sequence[str]] = None, config: Optional[GenerationConfig] = None,
              **settings) -> Union[GenerationResult, Iterator[str]]:
     """Speculative generation with two GGUF models, exactly the target's output law.
@@ -318,7 +318,9 @@ def generate(prompt: Prompt, *, target: ModelLike, draft: ModelLike, stream: boo
         stream: return an iterator of text pieces instead.
         lookup: look the text up before the draft model each round (default:
             on; see SpeculativeLlama); ``ngram``: its former name.
-        n_ctx, n_threads, rpc: how the models are loaded (see SpeculativeLlama).
+        lookup_memory, n_ctx, n_threads, rpc: how the pair is loaded (see
+            SpeculativeLlama); the lookup's memory of earlier calls lives
+            with the loaded pair.
         config: a :class:`GenerationConfig`; ``settings`` override it:
             max_tokens, temperature, top_k, top_p, min_p, k, p_min, seed, stop,
             drafter_invariant (see :class:`GenerationConfig`).
@@ -332,5 +334,5 @@ def generate(prompt: Prompt, *, target: ModelLike, draft: ModelLike, stream: boo
     """
     config = GenerationConfig.from_kwargs(config, **settings)  # errors before any loading
     lookup = ngram if lookup is None else lookup
-    llm = cached_pair(target, draft, lookup=lookup, n_ctx=n_ctx, n_threads=n_threads, rpc=rpc)
+    llm = cached_pair(target, draft, lookup=lookup, lookup_memory=lookup_memory, n_ctx=n_ctx, n_threads=n_threads, rpc=rpc)
     return llm.generate(prompt, stream=stream, chat=chat, config=config)
