@@ -239,6 +239,27 @@ def test_the_policy_drafts_where_it_pays_and_less_under_load():
     assert board.choose(fixed) == [3, 0]
 
 
+def test_the_model_draft_is_priced_over_the_whole_round_when_lookups_draft_for_some():
+    """A lookup drafting for three of four slots leaves them in the round's
+    batch: the model's policy must price the fourth's K against all four (as
+    a full batch, where the draft does not pay here), not as a lone sequence
+    (where it does). Shown only the fourth, the engine drafted at a loss and
+    read 0.67x its own plain decoding at four clients."""
+    from specgguf.engine.draft_length import FixedK
+    from specgguf.engine.lookup_first import LookupFirst, choose_turns
+    from specgguf.ops.suffix import SuffixDrafter
+    cpu = _policy(lambda n: 0.022 + 0.005 * n, lambda n: 0.001 + 0.009 * n, 0.85)
+    views = [SlotView("greedy", 8, False, 1, 1, 100, slot=i) for i in range(4)]
+    assert cpu.choose(views[:1])[0] > 0 and cpu.choose(views) == [0, 0, 0, 0]  # pays alone, not in a batch of 4
+    repeats, fresh = [5, 6, 7, 8, 9, 5, 6, 7, 8], [1, 2, 3, 4]
+    contexts = [repeats, repeats, repeats, fresh]
+    lookups = [LookupFirst(SuffixDrafter(0, n_min=4), FixedK(4)) for _ in range(4)]
+    model = object()  # the model drafter: choose_turns only hands it out
+    turns = choose_turns(contexts, views, model, [cpu] * 4, lookups)
+    assert [t.drafter is model for t in turns] == [False, False, False, True]
+    assert [t.k for t in turns] == [4, 4, 4, 0]
+
+
 def test_with_a_stream_per_slot_the_policy_prices_every_pass():
     """The target's KV cache keeps a stream per slot; llama.cpp then cuts a
     round into ubatches of equal counts over consecutive slots, a pass over

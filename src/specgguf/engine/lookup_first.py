@@ -77,9 +77,10 @@ def choose_turns(contexts: Sequence[Sequence[int]], views: Sequence[SlotView], d
                  lengths: Sequence[DraftLength], lookups: Sequence[Optional[LookupFirst]]) -> List[Turn]:
     """Each sequence's :class:`Turn` this round: its lookup's (``lookups[i]``)
     if that has a match for ``contexts[i]`` and its K object gives K > 0, else
-    ``drafter``'s with ``lengths[i]``'s K (within ``views[i].cap``). Sequences
-    sharing a K object are chosen in one call (a policy prices their round as
-    one batch)."""
+    ``drafter``'s with ``lengths[i]``'s K (within ``views[i].cap``). A K object
+    is asked once for all the sequences that share it, those a lookup drafts
+    for included (a policy prices the round's whole batch), and not at all
+    when the lookups draft for every one of them."""
     turns: List[Optional[Turn]] = [None] * len(views)
     found = [i for i, (c, v, look) in enumerate(zip(contexts, views, lookups))
              if look is not None and v.cap > 0 and look.lookup.propose(c, 1).tokens]
@@ -88,10 +89,15 @@ def choose_turns(contexts: Sequence[Sequence[int]], views: Sequence[SlotView], d
         for i, v, k in zip(idx, mine, length.choose(mine)):
             if k > 0:
                 turns[i] = Turn(lookups[i].lookup, length, k, v)
-    rest = [i for i, t in enumerate(turns) if t is None]
-    for length, idx in _grouped(rest, [lengths[i] for i in rest]):
+    for length, idx in _grouped(range(len(views)), lengths):
+        if all(turns[i] is not None for i in idx):
+            continue  # every one of them drafts from its lookup: this K object is not asked
+        # Priced over every sequence of the round, those the lookup drafts for too: they are in
+        # its batch whoever drafts for them, and a policy shown only the rest would price the
+        # round as a smaller one (and a lone sequence's retries would fire inside a full batch).
         for i, k in zip(idx, length.choose([views[i] for i in idx])):
-            turns[i] = Turn(drafter, length, k if views[i].cap > 0 else 0, views[i])
+            if turns[i] is None:
+                turns[i] = Turn(drafter, length, k if views[i].cap > 0 else 0, views[i])
     return turns
 
 
