@@ -232,7 +232,7 @@ class Policy:
                 if best[0] and gain >= self.t.retry_gain:
                     r.retried = 2
                     if not hope:  # its timings were doubted: this round's replace them
-                        self.costs.draft.s.clear()
+                        self.costs.draft.forget()
                     return best
         return self._best(views)[0]
 
