@@ -260,6 +260,24 @@ def test_the_model_draft_is_priced_over_the_whole_round_when_lookups_draft_for_s
     assert [t.k for t in turns] == [4, 4, 4, 0]
 
 
+def test_a_lookup_is_priced_in_the_whole_round_where_a_longer_draft_costs_a_pass():
+    """With a KV stream per slot, one slot's lookup draft makes the round's
+    counts unequal: another pass over the weights. Shown its one sequence,
+    the lookup's policy saw a free draft; shown the round, it sees the pass."""
+    from specgguf.engine.lookup_first import LookupFirst, choose_turns
+    from specgguf.ops.suffix import SuffixDrafter
+    lookup = Policy(16, passes=ubatches, free_draft=True)
+    for n in (1, 2, 4, 8, 16, 32):
+        lookup.costs.target.observe(n, 0.020 + 0.0005 * n)  # a pass 20 ms, whatever its tokens
+    lookup.measured("greedy", 0.3, 1000)  # the lookup's drafts seldom hold here
+    views = [SlotView("greedy", 8, False, 1, 1, 100, slot=i) for i in range(4)]
+    assert lookup.choose(views[:1])[0] > 0  # alone it is free
+    contexts = [[5, 6, 7, 8, 9, 5, 6, 7, 8]] + [[1, 2, 3, i] for i in range(3)]
+    look = [LookupFirst(SuffixDrafter(0, n_min=4), lookup) for _ in range(4)]
+    turns = choose_turns(contexts, views, object(), [Policy(8)] * 4, look)
+    assert turns[0].drafter is not look[0].lookup and turns[0].k == 0  # another pass: not worth 0.3
+
+
 def test_with_a_stream_per_slot_the_policy_prices_every_pass():
     """The target's KV cache keeps a stream per slot; llama.cpp then cuts a
     round into ubatches of equal counts over consecutive slots, a pass over

@@ -77,18 +77,23 @@ def choose_turns(contexts: Sequence[Sequence[int]], views: Sequence[SlotView], d
                  lengths: Sequence[DraftLength], lookups: Sequence[Optional[LookupFirst]]) -> List[Turn]:
     """Each sequence's :class:`Turn` this round: its lookup's (``lookups[i]``)
     if that has a match for ``contexts[i]`` and its K object gives K > 0, else
-    ``drafter``'s with ``lengths[i]``'s K (within ``views[i].cap``). A K object
-    is asked once for all the sequences that share it, those a lookup drafts
-    for included (a policy prices the round's whole batch), and not at all
-    when the lookups draft for every one of them."""
+    ``drafter``'s with ``lengths[i]``'s K (within ``views[i].cap``). Each K
+    object is asked once and shown the round's whole batch (a policy prices
+    it: with a KV stream per slot, a longer draft can cost another pass): a
+    lookup's, the sequences it has no match for as plain; the model's, those
+    a lookup drafts for too, and it is not asked when the lookups draft for
+    every one of its sequences."""
     turns: List[Optional[Turn]] = [None] * len(views)
     found = [i for i, (c, v, look) in enumerate(zip(contexts, views, lookups))
              if look is not None and v.cap > 0 and look.lookup.propose(c, 1).tokens]
     for length, idx in _grouped(found, [lookups[i].length for i in found]):
-        mine = [lookup_view(views[i], length.k_max) for i in idx]
-        for i, v, k in zip(idx, mine, length.choose(mine)):
-            if k > 0:
-                turns[i] = Turn(lookups[i].lookup, length, k, v)
+        # Priced in the whole round: the others as plain, so a lookup's draft that costs the
+        # target another pass over the weights (a KV stream per slot) is seen to.
+        mine = [lookup_view(v, length.k_max) if i in idx else replace(v, cap=0, fixed=True)
+                for i, v in enumerate(views)]
+        for i, k in enumerate(length.choose(mine)):
+            if i in idx and k > 0:
+                turns[i] = Turn(lookups[i].lookup, length, k, mine[i])
     for length, idx in _grouped(range(len(views)), lengths):
         if all(turns[i] is not None for i in idx):
             continue  # every one of them drafts from its lookup: this K object is not asked
