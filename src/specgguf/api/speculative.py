@@ -334,5 +334,6 @@ def generate(prompt: Prompt, *, target: ModelLike, draft: ModelLike, stream: boo
     """
     config = GenerationConfig.from_kwargs(config, **settings)  # errors before any loading
     lookup = ngram if lookup is None else lookup
-    llm = cached_pair(target, draft, lookup=lookup, lookup_memory=lookup_memory, n_ctx=n_ctx, n_threads=n_threads, rpc=rpc)
+    llm = cached_pair(target, draft, lookup=lookup, lookup_memory=lookup_memory, n_ctx=n_ctx, n_threads=n_threads,
+                      rpc=rpc)
     return llm.generate(prompt, stream=stream, chat=chat, config=config)

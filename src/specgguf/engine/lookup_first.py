@@ -89,10 +89,11 @@ def choose_turns(contexts: Sequence[Sequence[int]], views: Sequence[SlotView], d
     for length, idx in _grouped(found, [lookups[i].length for i in found]):
         # Priced in the whole round: the others as plain, so a lookup's draft that costs the
         # target another pass over the weights (a KV stream per slot) is seen to.
-        mine = [lookup_view(v, length.k_max) if i in idx else replace(v, cap=0, fixed=True)
+        matched = set(idx)
+        mine = [lookup_view(v, length.k_max) if i in matched else replace(v, cap=0, fixed=True)
                 for i, v in enumerate(views)]
         for i, k in enumerate(length.choose(mine)):
-            if i in idx and k > 0:
+            if i in matched and k > 0:
                 turns[i] = Turn(lookups[i].lookup, length, k, mine[i])
     for length, idx in _grouped(range(len(views)), lengths):
         if all(turns[i] is not None for i in idx):

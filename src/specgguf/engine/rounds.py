@@ -79,8 +79,8 @@ class Request:
         t_lag, remaining = target.lag(self.ids, self.slot), self.budget - self.stats.emitted
         first = self.plain_first and (t_lag > 1 or self.stats.rounds == 0)
         cap = 0 if drafter is None or first else min(self.length.k_max, remaining - 1)
-        d_lag = 0 if drafter is None else (drafter.lag(self.ids, self.slot) if self.length.auto else 1)  # O(context):
-        # only a policy weighs the draft's lag
+        # The draft's lag costs O(context) to find: only a policy weighs it.
+        d_lag = 0 if drafter is None else (drafter.lag(self.ids, self.slot) if self.length.auto else 1)
         return SlotView(self.regime, max(0, cap), not self.length.auto, t_lag, d_lag, remaining, self.after_miss,
                         self.slot)
 
@@ -143,7 +143,8 @@ class Rounds:
             drafted = sum(len(d.tokens) for d in drafts)
             rest = (time.perf_counter() - t0) - (t2 - t1) - sum(f[1] for f in forwards)
             m = Measured(sum(v.target_lag for v in views) + drafted, t2 - t1, forwards, drafted + len(drafts), rest)
-            tell(turns, drafts, accepted, m, [r.lookup_length for r in reqs if r.lookup_length is not None] + self.listeners)
+            lookups = [r.lookup_length for r in reqs if r.lookup_length is not None]
+            tell(turns, drafts, accepted, m, lookups + self.listeners)
         return ended
 
     def _lookup(self, r: Request) -> Optional[LookupFirst]:
