@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from specgguf.engine.costs import Measured, Timed
-from specgguf.engine.policy import Policy, Regime, SlotView, Tuning, expected_tokens
+from specgguf.engine.acceptance import Regime, expected_tokens
+from specgguf.engine.policy import Policy, SlotView, Tuning
 
 # Forward costs as lines in the tokens a forward evaluates (seconds).
 # A memory-bound board: a target batch costs little more than one token, a draft token a twentieth.

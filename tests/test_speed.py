@@ -3,7 +3,7 @@
 import pytest
 
 from specgguf.engine.stats import DecoderStats
-from specgguf.engine.policy import expected_tokens
+from specgguf.engine.acceptance import expected_tokens
 from specgguf.cli.bench import Report, Runs, fixed_k_ceiling, position_rates
 
 

@@ -10,7 +10,7 @@ by 20% in speed, so every run times its own rounds):
 * ``evidence``: what runs learned of the acceptance, per pair and per
   sampling regime (greedy, or the rounded warp settings), as decayed counts
   per draft position; a later run takes it as a prior worth a few
-  observations (:meth:`~specgguf.engine.policy.Regime.add_record`).
+  observations (:meth:`~specgguf.engine.acceptance.Regime.add_record`).
 
 Layout: one JSON file per record, ``<state>/<kind>/<hash of key>.json``,
 written atomically (temporary file, then rename; flushed to the disk

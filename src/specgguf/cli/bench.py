@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Union
 
 from ..engine.calibration import ForwardCosts
-from ..engine.policy import expected_tokens
+from ..engine.acceptance import expected_tokens
 
 K = Union[int, str]  # a draft length, or "auto"
 

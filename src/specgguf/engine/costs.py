@@ -121,7 +121,7 @@ class Costs:
     tokens of one pass, each further pass (``passes([(slot, tokens)])``, a KV
     stream per slot) at one token's; the draft's forwards by their tokens
     (``free_draft``: a lookup, which costs nothing). The other numbers are the
-    policy's (:class:`~specgguf.engine.policy.Tuning`, where each is explained)."""
+    policy's (:class:`~specgguf.engine.tuning.Tuning`, where each is explained)."""
 
     def __init__(self, passes: Optional[Callable], free_draft: bool, slope_guess: float, draft_guess: float,
                  doubt: float, steady: int, unknown_left: int, spike: float) -> None:

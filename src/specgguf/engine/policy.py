@@ -1,157 +1,28 @@
 """``k="auto"``: how many tokens each sequence drafts next round, on every path.
 
-A round drafting K tokens emits E(K) = 1 + a_1 + a_1 a_2 + ... tokens (a_i:
-the chance position i is accepted given those before it were; Leviathan et
-al.) and costs what this process's own rounds took (:class:`Costs`: nothing
-stored prices a round, identical processes differ by 20%). Each round drafts,
-per sequence, the K with the most expected tokens per second; plain decoding
-is always a candidate. A regime nothing is known of is probed by one
-sequence (or measured on its prompt: :meth:`Policy.worth_measuring`); a lone
-sequence that stopped drafting retries after ``retry`` plain rounds (twice
-as many after each retry that did not hold) if the draft would pay at its optimistic acceptance or at a doubted price. Every
-number is in :class:`Tuning`; each was kept because the simulator
-(``bench/simulate.py --ablate``) loses more than 0.01 of its speed on some
-trace without it. Nothing here touches models, files or the clock.
+Each round drafts, per sequence, the K with the most expected tokens
+(:mod:`~specgguf.engine.acceptance`) per second the round costs here
+(:mod:`~specgguf.engine.costs`: nothing stored prices a round, identical
+processes differ by 20%); plain decoding is always a candidate. A regime
+nothing is known of is probed by one sequence (or measured on its prompt:
+:meth:`Policy.worth_measuring`); a lone sequence that stopped drafting
+retries after ``retry`` plain rounds (twice as many after each retry that did
+not hold) if the draft would pay at its optimistic acceptance or at a doubted
+price. Every number is in :class:`~specgguf.engine.tuning.Tuning`. Nothing
+here touches models, files or the clock.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Callable, Dict, List, Optional, Sequence
 
 from ..config import AUTO_K_MAX
+from .acceptance import Regime, expected_tokens
 from .costs import Costs, Measured, SlotView  # SlotView: what callers show the policy
+from .tuning import Tuning
 
-
-@dataclass(frozen=True)
-class Tuning:
-    """The policy's numbers (BENCHMARKS.md, "How k=auto was chosen": what each is worth)."""
-
-    decay: float = 0.95        # acceptance counts kept per round with verdicts: a memory of ~20 rounds
-    shrink: float = 8.0        # a position's rate is pulled to the overall one by this many observations
-    prior: float = 8.0         # what was known before the process (a record, a calibration) weighs this many
-    guard: float = 0.6         # drafting that delivers under this of its promise (the text changed) ...
-    forget: float = 0.2        # ... keeps this of the counts, as a measurement on this process's own prompt does
-    thin: float = 0.995        # per plain round, what the optimistic rate keeps of the evidence
-    probe_k: int = 3           # draft tokens of a probe of a regime not known
-    odds: float = 0.2          # the chance a probe or a retry finds the draft good: its catch-up weighs 1/odds
-    retry: int = 16            # plain rounds in a row before a lone sequence retries, doubled after
-    retry_max: int = 256       # a retry that did not hold, up to this (a draft as slow as the target)
-    retry_gain: float = 1.1    # a retry's predicted gain over plain decoding must reach this
-    doubt: float = 0.5         # a retry may price the draft at this of the target (timed in a slow phase?)
-    draft_guess: float = 0.1   # a draft forward, of a target token, before one is timed (hopeful)
-    slope_guess: float = 0.06  # a forward's price per token past one count timed, of that count's
-    unknown_left: int = 128    # tokens a sequence is taken to have left when it does not say
-    steady: int = 2            # draft tokens a sequence has in a forward without catch-up
-    spike: float = 1.5         # a shorter forward is priced at most this of a longer one as timed
-
-
-def expected_tokens(k_max: int, acc: Sequence[float]) -> List[float]:
-    """E(k) for k = 0..k_max from per-position acceptances ``acc``."""
-    out, run = [1.0], 1.0
-    for a in acc[:k_max]:
-        run *= a
-        out.append(out[-1] + run)
-    return out
-
-
-class Regime:
-    """The draft's acceptance in one sampling regime, pooled over its sequences:
-    decayed counts per position (the last index: a round's first position
-    after a rejection, as drafts miss in runs), ``total`` = (accepted,
-    verified) overall, a prior counted once; ``seen``: positions verified in
-    this process (a prior is no verdict); ``idle``: plain rounds in a row;
-    ``wait``: plain rounds before a retry; ``retried``: 2 as one starts;
-    ``promised``: recent drafting rounds' tokens, the estimate's promise, rounds."""
-
-    def __init__(self, k_max: int, t: Tuning = Tuning()) -> None:
-        self.t, self.accepted, self.verified = t, [0.0] * (k_max + 1), [0.0] * (k_max + 1)
-        self.total, self.seen, self.idle, self.wait, self.retried = [0.0, 0.0], 0.0, 0, t.retry, 0
-        self.promised = [0.0, 0.0, 0.0]
-
-    @property
-    def known(self) -> bool:
-        return self.seen > 0
-
-    def add(self, accepted: Sequence[float], verified: Sequence[float], total: Sequence[float], f=1.0) -> None:
-        self.accepted = [a + f * x for a, x in zip(self.accepted, accepted)]
-        self.verified = [v + f * x for v, x in zip(self.verified, verified)]
-        self.total = [a + f * x for a, x in zip(self.total, total)]
-
-    def add_prior(self, rate: float, weight: Optional[float] = None) -> None:
-        """A measured acceptance ``rate``, worth ``weight`` (default ``prior``) observations at every position."""
-        if not 0.0 <= rate <= 1.0:
-            raise ValueError(f"a measured acceptance must be in [0, 1], got {rate!r}")
-        w, n = self.t.prior if weight is None else weight, len(self.verified)
-        self.add([rate * w] * n, [w] * n, [rate * w, w])
-
-    def add_record(self, record: Optional[dict]) -> None:
-        """Stored counts (:meth:`record`), scaled to at most ``prior`` observations; damaged ones add nothing."""
-        try:
-            acc, ver, tot = ([float(x) for x in record[k]] for k in ("accepted", "verified", "total"))
-            if len(acc) != len(self.verified) or len(ver) != len(acc) or len(tot) != 2 or min(acc + ver + tot) < 0:
-                raise ValueError("counts of another shape")
-        except (KeyError, TypeError, ValueError):
-            return
-        self.add(acc, ver, tot, min(1.0, self.t.prior / tot[1]) if tot[1] > 0 else 0.0)
-
-    def record(self) -> dict:
-        return {"accepted": list(self.accepted), "verified": list(self.verified), "total": list(self.total)}
-
-    def forget(self, f: float) -> None:
-        self.accepted, self.verified = [a * f for a in self.accepted], [v * f for v in self.verified]
-        self.total = [t * f for t in self.total]
-
-    def observe(self, drafted: int, accepted: int, after_miss: bool = False) -> None:
-        """A verdict: the first ``accepted`` of ``drafted`` tokens (decided up to the first
-        rejection). Drafting that delivers under ``guard`` of its promise (the text changed;
-        deep positions, rarely reached, keep old rates) forgets most of what was known."""
-        promise = expected_tokens(drafted, self.per_position(after_miss))[drafted]
-        self.promised = [p * 0.8 + x for p, x in zip(self.promised, (accepted + 1, promise, 1))]
-        verified = drafted if accepted == drafted else accepted + 1
-        self.forget(self.t.decay)  # per round with verdicts: plain rounds do not erase what was learned
-        for i in range(min(verified, len(self.verified) - 1)):
-            j = -1 if i == 0 and after_miss else i
-            self.verified[j] += 1.0
-            self.accepted[j] += float(i < accepted)
-        self.total = [self.total[0] + accepted, self.total[1] + verified]
-        self.seen += verified
-        if self.promised[2] >= 3 and self.promised[0] < self.t.guard * self.promised[1]:
-            self.forget(self.t.forget)
-            self.promised = [0.0, 0.0, 0.0]
-
-    def read_back(self, accepted: float, positions: int) -> None:
-        """The draft's read-back of ``positions`` tokens it caught up on (``accepted``: their acceptances)."""
-        self.forget(self.t.decay)
-        zeros = [0.0] * (len(self.verified) - 1)
-        self.add([accepted] + zeros, [positions] + zeros, [accepted, positions])
-        self.seen += positions
-
-    def measured(self, acceptance: float, positions: int) -> None:
-        """The draft measured on this process's own text (a prompt): it outweighs what was known."""
-        self.forget(self.t.forget)
-        self.add_prior(acceptance, positions)
-        self.seen += positions
-
-    def per_position(self, after_miss: bool = False) -> List[float]:
-        """Conditional acceptance per draft position (k_max values), shrunk to the overall rate."""
-        overall, s = (self.total[0] + 1.0) / (self.total[1] + 2.0), self.t.shrink
-        out = [(a + s * overall) / (v + s) for a, v in zip(self.accepted, self.verified)]
-        return ([out[-1]] if after_miss else out[:1]) + out[1:-1]
-
-    def optimistic(self) -> float:
-        """One sigma above the overall rate, its evidence thinned by the plain rounds since; at most 0.99."""
-        f = self.t.thin ** self.idle
-        n, g = self.total[1] * f, (self.total[0] * f + 1.0) / (self.total[1] * f + 2.0)
-        return min(0.99, g + (g * (1.0 - g) / (n + 1.0)) ** 0.5)
-
-    def gains(self, v: SlotView, optimistic: bool = False) -> List[float]:
-        """Expected tokens at K = 0..cap: estimated once known, else (or ``optimistic``)
-        at the optimistic rate (a probe's first ``probe_k`` positions only)."""
-        if self.known and not optimistic:
-            return expected_tokens(v.cap, self.per_position(v.after_miss))
-        n = v.cap if optimistic else self.t.probe_k
-        return expected_tokens(v.cap, [self.optimistic()] * n + [0.0] * v.cap)
+__all__ = ["Policy", "Regime", "SlotView", "Tuning", "expected_tokens"]
 
 
 class Policy:

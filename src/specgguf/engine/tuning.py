@@ -1,0 +1,34 @@
+"""The draft policy's numbers, in one place (:mod:`~specgguf.engine.policy`).
+
+Each was kept because the offline simulator (``bench/simulate.py --ablate``)
+loses more than 0.01 of its speed on some trace without it, or because a test
+holds a case the traces do not (BENCHMARKS.md, "k=auto in the offline
+simulator", says what each is worth).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """The policy's numbers (BENCHMARKS.md, "How k=auto was chosen": what each is worth)."""
+
+    decay: float = 0.95        # acceptance counts kept per round with verdicts: a memory of ~20 rounds
+    shrink: float = 8.0        # a position's rate is pulled to the overall one by this many observations
+    prior: float = 8.0         # what was known before the process (a record, a calibration) weighs this many
+    guard: float = 0.6         # drafting that delivers under this of its promise (the text changed) ...
+    forget: float = 0.2        # ... keeps this of the counts, as a measurement on this process's own prompt does
+    thin: float = 0.995        # per plain round, what the optimistic rate keeps of the evidence
+    probe_k: int = 3           # draft tokens of a probe of a regime not known
+    odds: float = 0.2          # the chance a probe or a retry finds the draft good: its catch-up weighs 1/odds
+    retry: int = 16            # plain rounds in a row before a lone sequence retries, doubled after
+    retry_max: int = 256       # a retry that did not hold, up to this (a draft as slow as the target)
+    retry_gain: float = 1.1    # a retry's predicted gain over plain decoding must reach this
+    doubt: float = 0.5         # a retry may price the draft at this of the target (timed in a slow phase?)
+    draft_guess: float = 0.1   # a draft forward, of a target token, before one is timed (hopeful)
+    slope_guess: float = 0.06  # a forward's price per token past one count timed, of that count's
+    unknown_left: int = 128    # tokens a sequence is taken to have left when it does not say
+    steady: int = 2            # draft tokens a sequence has in a forward without catch-up
+    spike: float = 1.5         # a shorter forward is priced at most this of a longer one as timed
