@@ -9,6 +9,7 @@ and reports them as :class:`Measured`.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass, replace
 from typing import Callable, List, Optional, Sequence
 
@@ -59,9 +60,11 @@ class Timed:
     def __init__(self, slope: float, flat: bool, pace: List[float], spike: float = 1.5) -> None:
         self.slope, self.flat, self.pace, self.spike, self.s = slope, flat, pace, spike, {}
         # A policy asks the same counts hundreds of times a round (a choice over four slots: about
-        # 500 calls, 2 ms where a round takes 30): answers are kept until a reading or the pace moves.
+        # 500 calls, 2 ms where a round takes 30): shapes are kept until a reading moves them, and
+        # the counts timed in order, with the least seconds of any longer one after each.
         self._memo: dict = {}
-        self._memo_pace = pace[0]
+        self._counts: List[int] = []
+        self._least_after: List[float] = []
 
     def observe(self, n: int, seconds: float) -> None:
         if n <= 0 or seconds <= 0.0:  # no forward, or none the clock could see
@@ -69,12 +72,20 @@ class Timed:
         if n in self.s:
             self.pace[0] = _follow(self.pace[0], seconds / self.s[n])
         self.s[n] = _follow(self.s.get(n), seconds / self.pace[0])
-        self._memo.clear()
+        self._timed()
 
     def forget(self) -> None:
         """Every count timed is dropped (they are doubted): the next readings replace them."""
         self.s.clear()
+        self._timed()
+
+    def _timed(self) -> None:
         self._memo.clear()
+        self._counts = sorted(self.s)
+        least, self._least_after = float("inf"), [0.0] * len(self._counts)
+        for i in range(len(self._counts) - 1, -1, -1):
+            self._least_after[i] = least
+            least = min(least, self.s[self._counts[i]])
 
     def __call__(self, n: int) -> float:
         """Seconds of a forward over ``n`` tokens: at most ``spike`` times a longer
@@ -83,31 +94,33 @@ class Timed:
         than plain decoding; noise alone never reads a shorter forward 1.5x a longer)."""
         if n <= 0:
             return 0.0
-        if self._memo_pace != self.pace[0]:  # the other table's reading moved the shared pace
-            self._memo.clear()
-            self._memo_pace = self.pace[0]
         got = self._memo.get(n)
         if got is None:
             got = self._memo[n] = self._price(n)
-        return got
+        return self.pace[0] * got
 
     def _price(self, n: int) -> float:
+        """:meth:`__call__` at a pace of 1."""
         if not self.s:  # nothing timed (or a policy blind to the clock): a unit, at the slope guessed
-            return self.pace[0] * (1 + self.slope * (n - 1))
-        longer = [y for c, y in self.s.items() if c > n]
-        return self.pace[0] * (min(self._shape(n), self.spike * min(longer)) if longer else self._shape(n))
+            return 1 + self.slope * (n - 1)
+        counts, i = self._counts, bisect_right(self._counts, n)  # counts[:i] <= n < counts[i:]
+        longer = self._least_after[i - 1] if i else min(self.s.values())
+        return min(self._shape(n, i), self.spike * longer)
 
-    def _shape(self, n: int) -> float:
-        lo, hi = max((c for c in self.s if c <= n), default=0), min((c for c in self.s if c >= n), default=0)
-        if not lo:
-            return self.s[hi] * n / hi
-        if not hi:
-            if len(self.s) == 1:
-                return self.s[lo] * (1 + self.slope * (n - lo))
-            (a, x), (b, y) = sorted(self.s.items())[-2:]
-            return y + (0.0 if self.flat else max(0.0, (y - x) / (b - a)) * (n - b))
-        f = (n - lo) / (hi - lo) if hi > lo else 0.0
-        return self.s[lo] + (self.s[hi] - self.s[lo]) * f
+    def _shape(self, n: int, i: int) -> float:
+        counts, s = self._counts, self.s
+        if not i:  # below the smallest count timed
+            return s[counts[0]] * n / counts[0]
+        lo = counts[i - 1]
+        if lo == n:
+            return s[n]
+        if i == len(counts):  # past the largest
+            if len(counts) == 1:
+                return s[lo] * (1 + self.slope * (n - lo))
+            a, b = counts[-2], counts[-1]
+            return s[b] + (0.0 if self.flat else max(0.0, (s[b] - s[a]) / (b - a)) * (n - b))
+        hi = counts[i]
+        return s[lo] + (s[hi] - s[lo]) * (n - lo) / (hi - lo)
 
 
 def _follow(old: Optional[float], new: float) -> float:
@@ -129,6 +142,7 @@ class Costs:
         self.slope_guess, self.draft_guess, self.doubt = slope_guess, draft_guess, doubt
         self.steady, self.unknown_left = steady, unknown_left
         self.target, self.draft = Timed(slope_guess, True, pace, spike), Timed(slope_guess, False, pace, spike)
+        self._passes: dict = {}  # count_passes' answers: a function of the counts alone
 
     def observe(self, m: Measured, prompt: bool, passes: int) -> None:
         if not prompt and passes == 1 and m.target_tokens > 0:  # nor does a prompt's, several passes', none
@@ -139,7 +153,13 @@ class Costs:
     def passes(self, views: Sequence[SlotView], ks: Sequence[int]) -> int:
         if self.count_passes is None or len(views) < 2:
             return 1
-        return self.count_passes([(v.slot, v.target_lag + k) for v, k in zip(views, ks)])
+        counts = tuple((v.slot, v.target_lag + k) for v, k in zip(views, ks))
+        got = self._passes.get(counts)
+        if got is None:
+            if len(self._passes) > 4096:  # a few rounds' shapes recur; a prompt's are new each time
+                self._passes.clear()
+            got = self._passes[counts] = self.count_passes(list(counts))
+        return got
 
     def draft_forward(self, n: int, doubt: bool = False) -> float:
         """One draft forward over ``n`` tokens (``doubt``: at most ``doubt`` of the target's)."""
@@ -153,15 +173,67 @@ class Costs:
         (each drafting sequence's lag, at most ``steady``) and one per further
         position; a longer catch-up is paid back over the tokens left (at most
         ``unknown_left`` if not known): a drafting round is weighed against a plain one."""
-        t = self.target(max(1, sum(v.target_lag for v in views) + sum(ks)))
-        t += (self.passes(views, ks) - 1) * self.target(1)
-        drafting = [(v, k) for v, k in zip(views, ks) if k]
-        if not drafting:
-            return t
-        steady = [min(max(1, v.draft_lag), self.steady) for v, _ in drafting]
-        t += self.draft_forward(sum(steady), doubt)
-        t += sum(self.draft_forward(sum(k >= j for _, k in drafting), doubt) for j in range(2, max(ks) + 1))
-        for (v, _), s in zip(drafting, steady):
-            catchup = self.draft_forward(v.draft_lag) - self.draft_forward(s)
-            t += max(0.0, catchup) / max(1, v.remaining or self.unknown_left)
-        return t
+        return self.pricer(views, doubt)(ks)
+
+    def pricer(self, views: Sequence[SlotView], doubt: bool = False) -> "Pricer":
+        """:meth:`seconds` for these ``views`` as a function of ``ks`` (see :class:`Pricer`)."""
+        return Pricer(self, views, doubt)
+
+
+class Pricer:
+    """:meth:`Costs.seconds` over fixed ``views``: called with ``ks``, it keeps its
+    answers; :meth:`scan` prices one sequence's every K at once. A policy prices
+    a few dozen ``ks`` per round over the same views, and at four slots a
+    millisecond of a 35 ms round went to it: the draft's forwards are priced
+    once here, by their tokens, and a scan costs O(K), not O(K x (slots + K))."""
+
+    def __init__(self, costs: Costs, views: Sequence[SlotView], doubt: bool) -> None:
+        self.costs, self.views, self.known = costs, views, {}
+        self.lag = sum(v.target_lag for v in views)
+        self.steady = [min(max(1, v.draft_lag), costs.steady) for v in views]
+        # draft[n]: one draft forward over n tokens (draft[0] = 0: no forward)
+        self.draft = [costs.draft_forward(n, doubt) for n in range(max(sum(self.steady), len(views)) + 2)]
+        self.catchup = [max(0.0, costs.draft_forward(v.draft_lag) - costs.draft_forward(s)) /
+                        max(1, v.remaining or costs.unknown_left) for v, s in zip(views, self.steady)]
+
+    def __call__(self, ks: Sequence[int]) -> float:
+        ks = tuple(ks)
+        got = self.known.get(ks)
+        if got is None:
+            c, draft = self.costs, self.draft
+            got = c.target(max(1, self.lag + sum(ks))) + (c.passes(self.views, ks) - 1) * c.target(1)
+            drafting = sorted(k for k in ks if k)
+            if drafting:
+                got += draft[sum(s for s, k in zip(self.steady, ks) if k)]
+                got += sum(x for x, k in zip(self.catchup, ks) if k)
+                shorter = 0  # at position j, one forward over the sequences drafting j or more
+                for j in range(2, drafting[-1] + 1):
+                    while drafting[shorter] < j:
+                        shorter += 1
+                    got += draft[len(drafting) - shorter]
+            self.known[ks] = got
+        return got
+
+    def scan(self, ks: Sequence[int], i: int, cap: int) -> List[float]:
+        """Seconds of the round for ``ks`` with sequence ``i``'s K set to 0..``cap``."""
+        c, draft = self.costs, self.draft
+        others = [k for j, k in enumerate(ks) if j != i]
+        held = sum(others)
+        first = sum(s for j, (s, k) in enumerate(zip(self.steady, ks)) if k and j != i)
+        catch = sum(x for j, (x, k) in enumerate(zip(self.catchup, ks)) if k and j != i)
+        # the draft's forwards past the first: at position j, one over the sequences drafting j or more
+        deep = [0] * (max(others, default=0) + 2)
+        for k in others:
+            for j in range(2, k + 1):
+                deep[j] += 1
+        further = sum(draft[n] for n in deep[2:])
+        out, counts = [], list(ks)
+        for k in range(cap + 1):
+            if k >= 2:  # sequence i drafts position k too
+                n = deep[k] if k < len(deep) else 0
+                further += draft[n + 1] - draft[n]
+            counts[i] = k
+            t = c.target(max(1, self.lag + held + k)) + (c.passes(self.views, counts) - 1) * c.target(1)
+            mine = (self.steady[i], self.catchup[i]) if k else (0, 0.0)
+            out.append(t + draft[first + mine[0]] + further + catch + mine[1])
+        return out

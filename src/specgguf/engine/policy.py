@@ -125,14 +125,17 @@ class Policy:
         gains = [expected_tokens(v.cap, [0.99] * v.cap) if hope else self.regimes[v.regime].gains(v, optimistic)
                  for v in capped]
         steady = [v.steady() for v in capped]
-        commons = [[v.cap if v.fixed else min(k, v.cap) for v in capped] for k in range(self.k_max + 1)]
+        longest = max([v.cap for v in capped if not v.fixed], default=0)  # past it, every common K is the same
+        commons = [[v.cap if v.fixed else min(k, v.cap) for v in capped] for k in range(longest + 1)]
         total = lambda ks: sum(g[k] for g, k in zip(gains, ks))  # noqa: E731
-        rate = max(total(ks) / max(self.costs.seconds(steady, ks, doubt), 1e-9) for ks in commons)
-        score = lambda ks: total(ks) - rate * self.costs.seconds(capped, ks, doubt)  # noqa: E731
+        steady_price, price = self.costs.pricer(steady, doubt), self.costs.pricer(capped, doubt)
+        rate = max(total(ks) / max(steady_price(ks), 1e-9) for ks in commons)
+        score = lambda ks: total(ks) - rate * price(ks)  # noqa: E731
         best = max(commons, key=score)
         for i, v in enumerate(capped):
             if not v.fixed and v.cap > 0:
-                best[i] = max(range(v.cap + 1), key=lambda k: score(best[:i] + [k] + best[i + 1:]))
+                held, seconds = total(best) - gains[i][best[i]], price.scan(best, i, v.cap)
+                best[i] = max(range(v.cap + 1), key=lambda k: held + gains[i][k] - rate * seconds[k])
         return best, rate * self.costs.seconds(steady, commons[0]) / max(1e-9, total(commons[0]))
 
     def worth_measuring(self, v: SlotView) -> bool:
