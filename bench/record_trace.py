@@ -37,6 +37,8 @@ import numpy as np
 import specgguf
 from specgguf import GenerationConfig
 from specgguf.llama import models
+from specgguf.engine.policy import Policy
+from specgguf.engine.rounds import Request, Rounds
 from specgguf.ops.sampling import Sampler
 
 PROMPTS = [
@@ -89,10 +91,14 @@ def agreement(pair, llm, prompt: str, tokens: int) -> tuple:
 
 def prompt_measure(pair, ids) -> list:
     """``[acceptance, positions]`` a first greedy run measures on the prompt
-    ``ids`` (``ModelPair.prompt_agreement`` from empty caches); ``[0, 0]``: too short to say."""
+    ``ids`` in its prompt's round, from empty caches; ``[0, 0]``: too short to say."""
     pair.reset()
-    got = pair.prompt_agreement(ids, Sampler.from_config(GenerationConfig(), origin=len(ids)))
-    return [float(got[0]), int(got[1])] if got else [0.0, 0]
+    policy, got = Policy(), []
+    policy.measured = lambda regime, acceptance, positions: got.append((acceptance, positions))
+    sampler = Sampler.from_config(GenerationConfig(), origin=len(ids))
+    Rounds(pair.target.model, pair.rounds_drafter(sampler)).play([Request(ids, 16, frozenset(), sampler, "greedy",
+                                                                          policy)])
+    return [float(got[0][0]), int(got[0][1])] if got else [0.0, 0]
 
 
 def main() -> None:

@@ -32,6 +32,9 @@ configuration at that load, from the same sitting.
 Regime: whatever pair is given (the default SmolLM2 pair: an F32 135M target
 whose draft costs about half a target step, so drafting's ceiling is
 1.2-1.4x here; a board's 1-8B target is the regime the project is for).
+Open chat, each prompt once per process: with more requests than prompts
+a process sees a prompt again, and specgguf's lookup, which remembers
+earlier answers, replays a greedy one (it says so).
 
     .venv/bin/python bench/vs_llama_server.py [--procs 3] [--clients 1,2,4,8]
         [--temps 0,0.8] [--tokens 128] [--configs ls,ls-draft,sg,sg-k0]
@@ -332,6 +335,11 @@ def main() -> None:
     print(f"target {target.name}, draft {draft.name}, {args.threads} threads, {args.tokens}-token chat "
           f"completions, clients {args.clients} x {args.per_client} requests, {args.procs} fresh processes per "
           f"configuration, {'interleaved' if args.interleave else 'taken in turns'}; loopback", flush=True)
+    asked = sum(c * args.per_client for c in args.clients)
+    if asked > len(PROMPTS):
+        print(f"note: {asked} requests a process over {len(PROMPTS)} prompts: prompts repeat within a process, and "
+              "specgguf's lookup remembers earlier answers, so a repeated greedy prompt can be replayed (a "
+              "chat-regime figure needs clients x per-client <= the prompts)", flush=True)
     if args.interleave:
         sittings = run_sittings(args, lambda temp, rep: one_sitting(temp, args, target, draft, rep), args.clients)
         report_paired(sittings, args, args.clients)

@@ -14,11 +14,11 @@ llama_cpp = pytest.importorskip("llama_cpp")
 import specgguf  # noqa: E402
 from specgguf.api import SpeculativeLlama  # noqa: E402
 from specgguf.engine.calibration import measure_acceptance  # noqa: E402
-from specgguf.llama.adapter import (LlamaTarget, ModelDrafter, prompt_agreement,  # noqa: E402
-                                     text_agreement, text_rows)
+from specgguf.llama.adapter import LlamaTarget, ModelDrafter, SlotDrafter, text_agreement, text_rows  # noqa: E402
 from specgguf.llama.model import LlamaModel  # noqa: E402
 from specgguf.engine.costs import Measured  # noqa: E402
-from specgguf.engine.policy import SlotView  # noqa: E402
+from specgguf.engine.policy import Policy, SlotView  # noqa: E402
+from specgguf.engine.rounds import Request, Rounds  # noqa: E402
 from specgguf.ops.drafter import prompt_rows  # noqa: E402
 from specgguf.ops.sampling import Sampler  # noqa: E402
 from tests.conftest import PROMPTS, load_model, msgs, plain_greedy  # noqa: E402
@@ -80,7 +80,7 @@ def test_exact_pq_seeded_run_reproduces(spec):
     assert a.stats["k_hist"] == b.stats["k_hist"]  # the same choices, so the same draws
     pair = spec.pair  # each run had its sampler passed: none stays behind in the pair's adapters
     assert pair.target.sampler.rule == pair.draft_model.sampler.rule == "greedy"
-    assert pair.target.warp_seconds > 0  # its copies' warping counted in the pair's timers
+    assert a.stats["warp_seconds"] > 0  # the rounds warp the target's rows by the run's sampler, timed
 
 
 def test_emitted_token_follows_target_distribution(target, draft):
@@ -466,17 +466,13 @@ def test_a_process_measures_its_draft_once_and_clock_blind_runs_store_nothing(ta
     # again), with more than EVIDENCE positions of text after the part cached.
     s.generate(msgs(PROMPTS[1] + " " + PROMPTS[2]), max_tokens=32, temperature=0.8, k="auto", drafter_invariant=False)
     assert s.learning.online.regime(regime).known and s.learning.state.evidence(regime) is not None
-    calls = []
-    measure = lambda: calls.append(1)  # noqa: E731
     view = SlotView(regime, 8, target_lag=40, draft_lag=40, remaining=200)
-    s.learning.length(cfg(temperature=0.8, k="auto", drafter_invariant=False), measure, view)
-    assert calls == []  # this process knows the draft now
-    again = SpeculativeLlama(target, poor_draft).learning  # what a new process would find
-    policy = again.length(cfg(temperature=0.8, k="auto", drafter_invariant=False), measure, view)
-    assert calls == [1] and policy.acceptance(regime).total[1] > 0  # it measures again, from the stored prior
-    short = SlotView(regime, 8, target_lag=400, draft_lag=400, remaining=6)
-    SpeculativeLlama(target, poor_draft).learning.length(cfg(k="auto"), measure, replace(short, regime="greedy"))
-    assert calls == [1]
+    sampled = cfg(temperature=0.8, k="auto", drafter_invariant=False)
+    assert not s.learning.length(sampled).worth_measuring(view)  # this process knows the draft now
+    policy = SpeculativeLlama(target, poor_draft).learning.length(sampled)  # what a new process would find
+    assert policy.worth_measuring(view) and policy.acceptance(regime).total[1] > 0  # again, from the stored prior
+    short = SlotView("greedy", 8, target_lag=400, draft_lag=400, remaining=6)
+    assert not SpeculativeLlama(target, poor_draft).learning.length(cfg(k="auto")).worth_measuring(short)
 
 
 def test_generate_keeps_the_loaded_pair_between_calls():
@@ -573,6 +569,15 @@ def test_create_methods_take_the_objects_sampling_settings_then_llama_cpp_python
     assert r["speculation"]["verification"] == "greedy"
 
 
+def measured_in_round(t: LlamaModel, d: LlamaModel, ids, sampler):
+    """``(acceptance, positions)`` the prompt's round of a run that knows
+    nothing of the draft measures on ``ids`` (None: nothing measured)."""
+    policy, got = Policy(), []
+    policy.measured = lambda regime, acceptance, positions: got.append((acceptance, positions))
+    Rounds(t, SlotDrafter(d)).play([Request(ids, 16, frozenset(), sampler, "greedy", policy)])
+    return got[0] if got else None
+
+
 def test_the_prompt_is_measured_only_where_the_target_reads_it_anyway(target, draft):
     """A first run measures its draft on the prompt positions the target has
     to evaluate anyway; a prompt the target holds already is not scored
@@ -582,16 +587,16 @@ def test_the_prompt_is_measured_only_where_the_target_reads_it_anyway(target, dr
     d.reset()
     ids = target.tokenize(PROMPTS[0].encode() * 3, add_bos=True)
     greedy = Sampler("greedy")
-    rate, n = prompt_agreement(t, d, ids, greedy)
+    rate, n = measured_in_round(t, d, ids, greedy)
     assert n == 32 and 0.0 <= rate <= 1.0
     # The target read the whole prompt, as plain decoding reads it, and kept the row after it: a
     # first round evaluates only its draft (re-reading the last token in a smaller forward would
     # compute it differently from plain decoding).
     assert t.lag(ids) == 0 and t.lag(ids + [5, 6], n_logits=3) == 2
     assert np.array_equal(t.eval(ids, 1)[0], t.last[0])  # the kept row, nothing evaluated
-    assert prompt_agreement(t, d, ids, greedy) is None  # held already: nothing to measure
+    assert measured_in_round(t, d, ids, greedy) is None  # held already: nothing to measure
     longer = ids + target.tokenize(b" And then some more words to read.", add_bos=False)
-    again = prompt_agreement(t, d, longer, greedy)
+    again = measured_in_round(t, d, longer, greedy)
     assert again is not None and again[1] == min(32, len(longer) - len(ids) - 1)
 
 
@@ -613,7 +618,7 @@ def test_a_chat_templates_tokens_are_not_measured(target, draft):
         near = any(pos - 3 <= h <= pos for h in header)
         assert keep[i] == (not near), (i, target.detokenize([tok]))
     assert 4 <= keep.sum() < n
-    rate, positions = prompt_agreement(t, d, ids, Sampler("greedy"))
+    rate, positions = measured_in_round(t, d, ids, Sampler("greedy"))
     assert positions == keep.sum() and 0.0 <= rate <= 1.0
     # Rows a draft gets wrong in the template's tokens do not count; one of text does.
     t_rows = np.zeros((n, 8), dtype=np.float32)

@@ -227,17 +227,17 @@ def test_the_record_a_run_leaves_is_the_next_processs_prior(tmp_path):
     state, config = PairState(Store(tmp_path), "t+d"), GenerationConfig(k="auto")
     first = Learning(state)
     view = SlotView(config.regime, 8, target_lag=40, draft_lag=40, remaining=200)
-    policy = first.length(config, lambda: (0.3, 32), view)
-    assert policy.regime(config.regime).known  # it measured
+    policy = first.length(config)
+    assert policy.worth_measuring(view)  # a prompt's round measures the draft on the prompt
+    policy.measured(config.regime, 0.3, 32)
+    assert policy.regime(config.regime).known
     Player(policy, HERE, np.random.default_rng(4)).play(0.3, 100)
     first.finish(policy, config)
     later = Learning(state).length(config)  # no measurement: it keeps to the record, a few observations' worth
     assert later.acceptance(config.regime).total[1] == pytest.approx(Tuning.prior)
     assert later.acceptance(config.regime).per_position()[0] < 0.5
     assert not later.regime(config.regime).known  # and it would measure, given the chance
-    asked = []
-    Learning(state).length(config, lambda: asked.append(1), view)
-    assert asked == [1]
+    assert Learning(state).length(config).worth_measuring(view)
 
 
 def test_a_probes_read_back_of_skipped_tokens_counts_as_evidence():

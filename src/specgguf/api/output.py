@@ -73,11 +73,11 @@ class Pieces:
 
 def result(run, out: TextStream, tokens: List[int], n_prompt: int, n_ctx: int, seconds: float,
            spent: List[float]) -> GenerationResult:
-    """The :class:`GenerationResult` of ``run`` (a decoder or an engine's
-    ticket: its ``stats`` and ``sampler``), which produced ``tokens`` after
+    """The :class:`GenerationResult` of ``run`` (a request of the rounds:
+    its ``stats`` and ``sampler``), which produced ``tokens`` after
     ``n_prompt`` prompt tokens in ``seconds``; ``spent``: the seconds the
-    models' forwards took, then the warp's (``ModelPair.timers`` differences)."""
-    forwards, warp = sum(spent[:-1]), spent[-1]
+    models' forwards took (``ModelPair.timers`` differences)."""
+    forwards, warp = sum(spent), run.stats.warp_seconds
     n = len(tokens)
     stats = run.stats.as_dict()
     after_first = seconds - stats["first_target_seconds"]  # the first round also read the prompt

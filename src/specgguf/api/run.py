@@ -2,10 +2,11 @@
 prompt ids and settings to text pieces and its result.
 
 Alone (``parallel=1``): under the pair's lock, the models' caches readied,
-a draft policy from :class:`~specgguf.engine.learning.Learning`, and the
-:class:`~specgguf.engine.decoder.SpeculativeDecoder` over the adapter's
-target and drafter. With several slots: a ticket in the
-:class:`~specgguf.engine.batch.Engine`'s shared rounds. Either way the tokens
+the engine's rounds over the one sequence, in the caller's thread (K objects
+from :class:`~specgguf.engine.learning.Learning`). With several slots: a
+ticket in the :class:`~specgguf.engine.batch.Engine`'s shared rounds, in its
+thread. Either way the same round loop
+(:class:`~specgguf.engine.rounds.Rounds`) plays every round, and the tokens
 become text through a :class:`~specgguf.llama.text.TextStream`, and the
 models are usable after any exit (an error or Ctrl-C empties them).
 """
@@ -17,11 +18,9 @@ from typing import Iterator, List, Optional
 
 from ..config import GenerationConfig
 from ..engine.batch import Engine
-from ..engine.decoder import SpeculativeDecoder
 from ..config import AUTO_K_MAX, LOOKUP_K_MAX
 from ..engine.learning import Learning, clock_blind
-from ..engine.lookup_first import LookupFirst
-from ..engine.policy import SlotView
+from ..engine.rounds import Request, Rounds, one_sequence
 from ..llama.model import InUse, ubatches
 from ..llama.pair import ModelPair
 from ..llama.text import TextStream
@@ -56,6 +55,8 @@ class Runner:
         return self._alone(ids, config, sampler, should_stop)
 
     def _alone(self, ids: List[int], config: GenerationConfig, sampler: Sampler, should_stop) -> Iterator:
+        """One generation in the caller's thread: the engine's rounds over one
+        sequence (:func:`~specgguf.engine.rounds.one_sequence`), under the pair's lock."""
         pair = self.pair
         with self.guard:
             if not pair.owns:  # the Llama objects may have been used on their own since; a
@@ -63,27 +64,21 @@ class Runner:
                 pair.reset(unless_held=not (config.k == "auto" and clock_blind(config)))
             t0, before = time.perf_counter(), pair.timers()
             cached = len(ids) - pair.target.model.lag(ids)
-            target, drafter = pair.bound(sampler)
-            budget = self.budget(ids, config)
-            view = SlotView(config.regime, AUTO_K_MAX, target_lag=max(1, len(ids) - cached),
-                            draft_lag=pair.drafter.lag(ids), remaining=budget)
-            length = self.learning.length(config, lambda: pair.prompt_agreement(ids, sampler), view)
             # A seeded p/q text depends on what was drafted: its lookups remember no earlier call.
             forget = clock_blind(config)
-            lookup = None if pair.lookup is None else LookupFirst(
-                SuffixDrafter(0) if forget else pair.lookup, self.learning.lookup_length(config))
-            drafter = SuffixDrafter(0) if forget and isinstance(drafter, SuffixDrafter) else drafter
-            dec = SpeculativeDecoder(drafter, target, k=length, sampler=sampler,
-                                     p_min=config.p_min, plain_first=True, lookup=lookup,  # the first token at once
-                                     regime=config.regime)
+            req = Request(ids, self.budget(ids, config), pair.eog, sampler, config.regime,
+                          self.learning.length(config),
+                          None if pair.lookup is None else self.learning.lookup_length(config), config.p_min,
+                          plain_first=True)  # the first token at once
+            lookups = None if pair.lookup is None else [SuffixDrafter(0) if forget else pair.lookup]
+            rounds = Rounds(pair.target.model, pair.rounds_drafter(sampler, forget), lookups)
             out, produced = self._text(config), []
-            tokens = dec.stream(ids, budget, stop_tokens=pair.eog)
-            yield from self._decode(tokens, out, should_stop, produced, sampler, dec.stats)
+            yield from self._decode(one_sequence(rounds, req), out, should_stop, produced, sampler, req.stats)
             seconds = time.perf_counter() - t0
-            self.learning.finish(length, config)
-            res = self._result(dec, out, produced[:out.n_tokens()], len(ids), seconds, before)
+            self.learning.finish(req.length, config)
+            res = self._result(req, out, produced[:out.n_tokens()], len(ids), seconds, before)
             res.stats["cached_tokens"] = max(0, cached)
-            res.stats["why"] = length.explain(config.regime)
+            res.stats["why"] = req.length.explain(config.regime)
             yield res
 
     def _in_engine(self, ids: List[int], config: GenerationConfig, sampler: Sampler, should_stop) -> Iterator:

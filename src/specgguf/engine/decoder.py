@@ -31,7 +31,7 @@ from ..ops.verify import GeneratorLike
 from .draft_length import FixedK, draft_length
 from .lookup_first import LookupFirst
 from .policy import Policy
-from .rounds import Request, Rounds
+from .rounds import Request, Rounds, one_sequence
 from .stats import DecoderStats
 
 TargetStep = Callable[[List[int], List[int]], np.ndarray]
@@ -104,26 +104,12 @@ class SpeculativeDecoder:
             raise ValueError("prompt_ids must hold at least one token")
         max_new = check_int("max_new", max_new, 0)
         self.sampler.restart()  # a grammar starts over with each text
-        out: List[int] = []
         lookup = self.lookup
         req = Request(prefix, max_new, frozenset(int(t) for t in stop_tokens), self.sampler, self.regime,
-                      self.length, lookup.length if lookup else None, self.p_min, self.plain_first, out.append)
+                      self.length, lookup.length if lookup else None, self.p_min, self.plain_first)
         self.stats = req.stats
         rounds = Rounds(StepTarget(self.target_step), EachDrafter(self.drafter), [lookup.lookup] if lookup else None)
-        return self._rounds(rounds, req, out)
-
-    @staticmethod
-    def _rounds(rounds: Rounds, req: Request, out: List[int]) -> Iterator[int]:
-        """The rounds of one sequence, inline: each round's tokens as it ends."""
-        if req.budget == 0:
-            req.stats.finish_reason = "length"
-        while req.stats.finish_reason is None:
-            ended = rounds.play([req])
-            yield from out
-            out.clear()
-            for _, error in ended:
-                if error is not None:
-                    raise error
+        return one_sequence(rounds, req)
 
 
 class StepTarget:

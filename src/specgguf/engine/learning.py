@@ -9,11 +9,11 @@ verdict), with calibrate()'s measured acceptance where it applies. Nothing
 stored prices a round: identical processes here differ by 20% in speed.
 
 A process's first run in a regime measures the draft's acceptance on its
-prompt first (:meth:`Learning.length`), whatever was stored: better than
-probing blind (a probe into a poor draft pays the draft's whole catch-up to
-learn three tokens), and what makes a stored record a prior, never a
-verdict (one written where the text did not suit the draft is outweighed
-by the first prompt).
+prompt, in the prompt's round (:func:`~specgguf.engine.rounds.to_measure`),
+whatever was stored: better than probing blind (a probe into a poor draft
+pays the draft's whole catch-up to learn three tokens), and what makes a
+stored record a prior, never a verdict (one written where the text did not
+suit the draft is outweighed by the first prompt).
 
 Runs whose text the clock could change (exact p/q sampling with a seed) get
 a policy of their own, blind to the clock, on the stored evidence, and write
@@ -22,11 +22,11 @@ nothing: the same seed, settings and stored state give the same text.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Optional
 
 from ..config import AUTO_K_MAX, LOOKUP_K_MAX, GenerationConfig
 from .draft_length import DraftLength, draft_length
-from .policy import Policy, SlotView, Tuning
+from .policy import Policy, Tuning
 from ..state import PairState
 
 SAMPLED_PRIOR = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)  # where calibrate() measures
@@ -62,22 +62,15 @@ class Learning:
         same = all(abs(getattr(config, k) - v) < 1e-9 for k, v in SAMPLED_PRIOR.items())
         return self.measured.get("sampled") if same and config.verification == "exact" else None
 
-    def length(self, config: GenerationConfig, measure: Optional[Callable[[], Optional[tuple]]] = None,
-               view: Optional[SlotView] = None) -> DraftLength:
+    def length(self, config: GenerationConfig) -> DraftLength:
         """The K object for a run with ``config``: its fixed K, or for
-        k="auto" the policy, its regime readied (:meth:`ready`). ``measure()``: ``(the draft's
-        acceptance on this run's prompt, positions)`` or None, asked for when
-        the policy has seen too little of the draft in this process, whatever
-        was stored (a record is a prior, never a verdict), and drafting could
-        pay for the run's sequence as ``view`` shows it
-        (:meth:`~specgguf.engine.policy.Policy.worth_measuring`)."""
+        k="auto" the policy, its regime readied (:meth:`ready`). While the
+        policy has seen too little of the draft in this process, the run's
+        rounds measure the draft on its prompt (:func:`~specgguf.engine.rounds.to_measure`),
+        whatever was stored: a record is a prior, never a verdict."""
         length = draft_length(config.k, lambda: self._own(self.online, config))
         if length.auto:
             self.ready(length, config)
-            if measure is not None and view is not None and length.worth_measuring(view):
-                got = measure()
-                if got is not None:
-                    length.measured(config.regime, got[0], got[1])
         return length
 
     @staticmethod

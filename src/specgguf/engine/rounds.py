@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
-from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, FrozenSet, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -179,10 +179,12 @@ class Rounds:
         try:
             if self.warp:
                 rows = r.sampler.target_rows(rows, r.ids + d.tokens)
+            t1 = time.perf_counter()
             n, nxt = r.sampler.verify(rows, d, r.stats.emitted)
         except ValueError as e:
             return e
-        r.stats.verify_seconds += time.perf_counter() - t0
+        r.stats.warp_seconds += t1 - t0
+        r.stats.verify_seconds += time.perf_counter() - t1
         capped = turn.k == turn.view.cap < turn.length.k_max  # the tokens left, not the drafter, ended it
         stop = None if turn.k == 0 else "max_new" if capped and d.stop == "max" else d.stop
         r.stats.record(len(d.tokens), n, stop, seconds=seconds)
@@ -200,6 +202,23 @@ class Rounds:
                                                for i, n in measure.items()])
         forwards.append(forward)
         return dict(zip(measure, got))
+
+
+def one_sequence(rounds: Rounds, req: Request) -> Iterator[int]:
+    """The rounds of one request, inline: each round's tokens as it ends
+    (the request's ``put`` is replaced). A request's own error (a grammar with
+    no way on) raises here, after the tokens before it."""
+    out: List[int] = []
+    req.put = out.append
+    if req.budget == 0:
+        req.stats.finish_reason = "length"
+    while req.stats.finish_reason is None:
+        ended = rounds.play([req])
+        yield from out
+        out.clear()
+        for _, error in ended:
+            if error is not None:
+                raise error
 
 
 def check_draft(draft: Draft, k: int, rule: str) -> None:

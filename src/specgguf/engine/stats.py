@@ -35,6 +35,7 @@ class DecoderStats:
     target_seconds: float = 0.0
     first_target_seconds: float = 0.0  # the first round's, which also evaluates the prompt
     verify_seconds: float = 0.0
+    warp_seconds: float = 0.0  # the target's rows made into its sampler's law (sampling only)
     from_draft: bytearray = field(default_factory=bytearray)
 
     @property
@@ -99,6 +100,7 @@ class DecoderStats:
             "k_hist": dict(sorted(self.k_hist.items())), "stop_reasons": dict(self.stop_reasons),
             "draft_seconds": self.draft_seconds, "target_seconds": self.target_seconds,
             "first_target_seconds": self.first_target_seconds, "verify_seconds": self.verify_seconds,
+            "warp_seconds": self.warp_seconds,
             "tokens_by_source": self.by_source(),
         }
 

@@ -20,7 +20,7 @@ from typing import Optional, Sequence
 import llama_cpp
 import numpy as np
 
-from ..ops.drafter import Ask, Draft, prompt_rows
+from ..ops.drafter import Ask, Draft
 from .model import LlamaModel
 from ..ops.sampling import Sampler, agreement, rows_agreement
 
@@ -32,11 +32,6 @@ class LlamaTarget:
     def __init__(self, model: LlamaModel) -> None:
         self.model = model
         self.sampler = Sampler()
-        self.warp = [0.0]  # seconds spent warping, shared with copies bound to a run's sampler
-
-    @property
-    def warp_seconds(self) -> float:
-        return self.warp[0]
 
     def lag(self, prefix: Sequence[int]) -> int:
         """Tokens of ``prefix`` a call evaluates besides the proposals: those the cache
@@ -46,10 +41,7 @@ class LlamaTarget:
     def __call__(self, prefix: Sequence[int], proposed: Sequence[int]) -> np.ndarray:
         context = list(prefix) + list(proposed)
         logits = self.model.eval(context, len(proposed) + 1, proposed=len(proposed))
-        t0 = time.perf_counter()
-        rows = self.sampler.target_rows(logits, context)
-        self.warp[0] += time.perf_counter() - t0
-        return rows
+        return self.sampler.target_rows(logits, context)
 
 
 class SlotDrafter:
@@ -183,22 +175,3 @@ def text_agreement(model: LlamaModel, ids: Sequence[int], sampler: Sampler, t_ro
     if keep.sum() < 4:
         return None
     return rows_agreement(sampler, t_rows[keep], d_rows[keep]), int(keep.sum())
-
-
-def prompt_agreement(target: LlamaModel, draft: LlamaModel, ids: Sequence[int], sampler: Sampler) -> Optional[tuple]:
-    """The draft's acceptance on the prompt itself, measured on the way into
-    a first generation: both models score the prompt's last positions
-    (:func:`prompt_rows`; the target evaluates the prompt anyway, the draft
-    catches up on it as it would before its first proposal) and the rows of
-    its text are compared (:func:`text_agreement`). Returns ``(acceptance,
-    positions measured)``, or None for a prompt too short to say. The draft's read-back
-    of what it catches up on measures the rest
-    (:attr:`~specgguf.ops.drafter.Draft.catchup`)."""
-    n = prompt_rows(ids, target.lag(ids))
-    if not n:
-        return None
-    # The target reads the whole prompt, as plain decoding does (the row after it is kept for the
-    # first round): read without its last token, the prompt's chunk would differ from plain
-    # decoding's, and so would its arithmetic.
-    t_rows, d_rows = target.eval(ids, n + 1)[:-1], draft.eval(ids[:-1], n)
-    return text_agreement(target, ids, sampler, t_rows, d_rows)

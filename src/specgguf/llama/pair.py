@@ -18,11 +18,12 @@ from typing import List, Optional, Sequence, Union
 
 import llama_cpp
 
-from .adapter import LlamaTarget, ModelDrafter, prompt_agreement
+from .adapter import LlamaTarget, ModelDrafter, SlotDrafter
 from ..checks import check_int
 from .model import MIN_CTX, LlamaModel, ModelLike, check_slot_memory, eog_tokens, load_llama
 from .models import resolve_model
 from ..ops.cross import CrossDrafter
+from ..ops.drafter import EachDrafter
 from ..ops.ngram import NgramDrafter
 from ..ops.suffix import SuffixDrafter
 from .rpc import RemoteModel, Workers
@@ -179,28 +180,22 @@ class ModelPair:
             if not (unless_held and getattr(m, "held", lambda: False)()):
                 m.reset()
 
-    def bound(self, sampler: Sampler) -> tuple:
-        """``(target, drafter)`` for one run, warping and picking tokens by
-        ``sampler``: copies of the pair's adapters that share their models and
-        caches (whose state they change in place), so no run's sampler stays
-        behind in the pair. The drafter is the pair's own when it has no draft
-        model (a lookup picks no tokens by a sampler)."""
-        target = copy.copy(self.target)
-        target.sampler = sampler
-        if self.draft_model is None:
-            return target, self.drafter
-        drafter = copy.copy(self.draft_model)
-        drafter.sampler = sampler
-        return target, drafter
-
-    def prompt_agreement(self, ids: List[int], sampler: Sampler) -> Optional[tuple]:
-        """``(the draft's acceptance on this prompt, positions measured)`` (see
-        llama_adapter.prompt_agreement); None without a draft model of the
-        target's vocabulary (rows across tokenizers do not compare) or for a short prompt."""
-        if not isinstance(self.draft_model, ModelDrafter):
-            return None
-        return prompt_agreement(self.target.model, self.draft_model.model, ids, sampler)
+    def rounds_drafter(self, sampler: Sampler, fresh_lookup: bool = False):
+        """The drafter of one run's rounds (:class:`~specgguf.engine.rounds.Rounds`):
+        the draft model's, each request's sampler picking its tokens (it also
+        measures the draft on a prompt, in the prompt's round); a draft of
+        another tokenizer, a copy bound to ``sampler`` (sharing its model and
+        cache), so that no run's sampler stays behind in the pair; the lookup
+        alone (``fresh_lookup``: an empty one, remembering no earlier call)."""
+        if isinstance(self.draft_model, ModelDrafter):
+            return SlotDrafter(self.draft_model.model)
+        if self.draft_model is not None:
+            drafter = copy.copy(self.draft_model)
+            drafter.sampler = sampler
+            return EachDrafter(drafter)
+        fresh = fresh_lookup and isinstance(self.drafter, SuffixDrafter)
+        return EachDrafter(SuffixDrafter(0) if fresh else self.drafter)
 
     def timers(self) -> tuple:
-        """Seconds spent so far in each model's forwards, and in warping."""
-        return tuple(m.seconds for m in self.models) + (self.target.warp_seconds,)
+        """Seconds spent so far in each model's forwards."""
+        return tuple(m.seconds for m in self.models)

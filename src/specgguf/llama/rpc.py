@@ -230,8 +230,17 @@ class RemoteModel:
             self.dead = "the RPC target process ended: " + (" | ".join(tail) or f"exit code {self._proc.returncode}")
         raise RpcError(self.dead) from None
 
-    def lag(self, seq: Sequence[int]) -> int:
-        return len(seq) - common_prefix(self.tokens, seq)
+    def lag(self, seq: Sequence[int], slot: int = 0, n_logits: int = 1) -> int:
+        """Tokens :meth:`eval` of ``seq`` with ``n_logits`` rows would evaluate:
+        those the workers' cache lacks, and at least ``n_logits``."""
+        return len(seq) - common_prefix(self.tokens, seq, max(0, len(seq) - n_logits))
+
+    def eval_many(self, work: Sequence[tuple]) -> List[np.ndarray]:
+        """:meth:`eval` for ``(slot, seq, n_logits[, proposed])`` items, the
+        rounds' protocol; a model on the workers holds one sequence (slot 0)."""
+        if any(item[0] != 0 for item in work):
+            raise ValueError("a model on rpc workers holds one sequence (slot 0): use parallel=1 with rpc")
+        return [self.eval(*item[1:]) for item in work]
 
     def eval(self, seq: Sequence[int], n_logits: int, proposed: int = 0) -> np.ndarray:
         """As :meth:`~specgguf.llama.model.LlamaModel.eval`, on the workers."""

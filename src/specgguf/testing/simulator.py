@@ -191,17 +191,18 @@ def _prompt_measure(call: Call) -> Optional[tuple]:
 
 def _decoder_call(call: Call, k, learning: Learning, config: GenerationConfig, clock: _Clock) -> tuple:
     """One call as :class:`~specgguf.SpeculativeLlama` runs it: the policy
-    from ``learning``, which has the draft measured on the prompt while it
-    has seen too little of it (as :func:`~specgguf.llama.adapter.prompt_agreement`
-    does: the draft evaluates the prompt), and the store updated after it."""
+    from ``learning``; the prompt's round measures the draft on the prompt
+    while the policy has seen too little of it (as
+    :func:`~specgguf.engine.rounds.to_measure` has it: the draft evaluates
+    the prompt); the store updated after it."""
     seconds, evaluated = 0.0, 0
-
-    def measure():
-        nonlocal seconds, evaluated
-        seconds, evaluated = clock.c.draft_cost(call.prompt - 1), call.prompt - 1
-        return _prompt_measure(call)
     view = SlotView(config.regime, AUTO_K_MAX, target_lag=call.prompt, draft_lag=call.prompt, remaining=call.n)
-    length = learning.length(replace(config, k=k), measure, view)
+    length = learning.length(replace(config, k=k))
+    if length.auto and length.worth_measuring(view):
+        seconds, evaluated = clock.c.draft_cost(call.prompt - 1), call.prompt - 1
+        got = _prompt_measure(call)
+        if got is not None:
+            length.measured(config.regime, *got)
     tokens, spent = _run_call(call, length, config.regime, clock, evaluated=evaluated)
     learning.finish(length, config)
     return tokens, seconds + spent
