@@ -3,7 +3,6 @@
 import inspect
 import textwrap
 import threading
-from dataclasses import replace
 
 import numpy as np
 import pytest

@@ -378,3 +378,43 @@ def test_a_reading_of_no_time_is_not_a_price():
     t.observe(2, 0.01)
     t.observe(2, 0.0)
     assert t(2) == pytest.approx(0.01) and pace == [1.0]
+
+
+def test_a_scan_prices_each_k_as_a_call_does_and_as_the_formula_says():
+    """The policy prices a round two ways (a whole ``ks``, and one sequence's
+    every K at once): both are the round's seconds as Costs.seconds defines
+    them, on rounds of several slots with catch-ups, doubt and extra passes."""
+    from specgguf.llama.model import ubatches
+    rng = np.random.default_rng(5)
+    for trial in range(60):
+        costs = Policy(8, ubatches if trial % 2 else None).costs
+        for _ in range(int(rng.integers(0, 6))):
+            n = int(rng.integers(1, 30))
+            costs.observe(Measured(n, 0.02 + 0.001 * n * rng.random(), [(int(rng.integers(1, 9)), 0.005, 1)], n),
+                          False, 1)
+        views = [SlotView("g", 8, target_lag=int(rng.choice([1, 1, 5])), draft_lag=int(rng.integers(0, 40)),
+                          remaining=[None, 3, 100][int(rng.integers(3))], slot=i) for i in range(int(rng.integers(1, 5)))]
+        doubt = bool(trial % 3 == 0)
+        price = costs.pricer(views, doubt)
+        ks = [int(k) for k in rng.integers(0, 9, len(views))]
+        i = int(rng.integers(len(views)))
+        for k, seconds in enumerate(price.scan(ks, i, 8)):
+            each = ks[:i] + [k] + ks[i + 1:]
+            assert seconds == pytest.approx(price(each), rel=1e-12)
+            assert seconds == pytest.approx(formula(costs, views, each, doubt), rel=1e-12)
+
+
+def formula(costs, views, ks, doubt):
+    """Costs.seconds written out: the target's passes, the draft's first forward over each drafting
+    sequence's steady lag, one forward per further position, each catch-up over the tokens left."""
+    t = costs.target(max(1, sum(v.target_lag for v in views) + sum(ks)))
+    t += (costs.passes(views, ks) - 1) * costs.target(1)
+    drafting = [(v, k) for v, k in zip(views, ks) if k]
+    if not drafting:
+        return t
+    steady = [min(max(1, v.draft_lag), costs.steady) for v, _ in drafting]
+    t += costs.draft_forward(sum(steady), doubt)
+    t += sum(costs.draft_forward(sum(k >= j for _, k in drafting), doubt) for j in range(2, max(ks) + 1))
+    for (v, _), s in zip(drafting, steady):
+        t += max(0.0, costs.draft_forward(v.draft_lag) - costs.draft_forward(s)) / max(1, v.remaining or 128)
+    return t

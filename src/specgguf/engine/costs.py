@@ -61,10 +61,10 @@ class Timed:
         self.slope, self.flat, self.pace, self.spike, self.s = slope, flat, pace, spike, {}
         # A policy asks the same counts hundreds of times a round (a choice over four slots: about
         # 500 calls, 2 ms where a round takes 30): shapes are kept until a reading moves them, and
-        # the counts timed in order, with the least seconds of any longer one after each.
+        # the counts timed in order, with the least seconds of any from each on.
         self._memo: dict = {}
         self._counts: List[int] = []
-        self._least_after: List[float] = []
+        self._least_from: List[float] = [float("inf")]
 
     def observe(self, n: int, seconds: float) -> None:
         if n <= 0 or seconds <= 0.0:  # no forward, or none the clock could see
@@ -82,10 +82,9 @@ class Timed:
     def _timed(self) -> None:
         self._memo.clear()
         self._counts = sorted(self.s)
-        least, self._least_after = float("inf"), [0.0] * len(self._counts)
+        self._least_from = [float("inf")] * (len(self._counts) + 1)
         for i in range(len(self._counts) - 1, -1, -1):
-            self._least_after[i] = least
-            least = min(least, self.s[self._counts[i]])
+            self._least_from[i] = min(self._least_from[i + 1], self.s[self._counts[i]])
 
     def __call__(self, n: int) -> float:
         """Seconds of a forward over ``n`` tokens: at most ``spike`` times a longer
@@ -103,9 +102,8 @@ class Timed:
         """:meth:`__call__` at a pace of 1."""
         if not self.s:  # nothing timed (or a policy blind to the clock): a unit, at the slope guessed
             return 1 + self.slope * (n - 1)
-        counts, i = self._counts, bisect_right(self._counts, n)  # counts[:i] <= n < counts[i:]
-        longer = self._least_after[i - 1] if i else min(self.s.values())
-        return min(self._shape(n, i), self.spike * longer)
+        i = bisect_right(self._counts, n)  # counts[:i] <= n < counts[i:]
+        return min(self._shape(n, i), self.spike * self._least_from[i])
 
     def _shape(self, n: int, i: int) -> float:
         counts, s = self._counts, self.s
