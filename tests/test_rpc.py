@@ -72,6 +72,9 @@ def over_rpc(workers, session_state):
 
 
 def test_greedy_over_rpc_with_speculation_equals_without(over_rpc):
+    # The rounds' protocol on the workers: one sequence, slot 0; another is refused, and nothing is lost.
+    with pytest.raises(ValueError, match="one sequence \\(slot 0\\)"):
+        over_rpc.pair.target.model.eval_many([(1, [1, 2, 3], 1)])
     for prompt in PROMPTS[:2]:
         plain = over_rpc.generate(msgs(prompt), max_tokens=40, k=0)
         spec = over_rpc.generate(msgs(prompt), max_tokens=40, k=4)
