@@ -18,10 +18,21 @@ here on this machine with the real models:
 ``--measure-only TRACE`` adds ``measure`` to a trace recorded before it
 existed (its calls are PROMPTS in order; the same pair must be given).
 
+``--workload code-edit,doc-quote,...`` records the built-in workloads'
+items (specgguf.cli.workloads; a second turn's first answer is a call too)
+instead of the chat prompts, each call with what the lookup in front of the
+draft proposes at every output position, given the true text before it and
+the earlier calls in its memory (``lookup``: the suffix length it matched,
+the tokens it proposed, how many of them are the text's), and the budget the
+answer may end before: the simulator then replays the lookup's rounds and
+the model's side by side. Greedy.
+
 Writes JSON that simulator.load_trace reads (tests/data/ holds the ones the
 tests replay). Regime: the pair given, on this machine.
 
     .venv/bin/python bench/record_trace.py --draft smollm2-135m-q4_1 --out tests/data/trace_good_draft.json
+    .venv/bin/python bench/record_trace.py --workload code-edit,doc-quote,second-turn,chat --tokens 128 \
+        --out tests/data/workloads_here.json
 """
 
 from __future__ import annotations
@@ -58,35 +69,72 @@ def seconds(fn) -> float:
 
 
 def costs(pair, ids, repeats: int) -> dict:
-    """Medians of forward timings. ``eval(seq, b)`` on a cache that holds
-    ``seq`` evaluates its last b tokens again, with b output rows: a round's
-    target batch; a catch-up of n is a cut of n tokens, then one eval."""
+    """Medians of forward timings, each on a cache cut to lack what the forward
+    reads: a round's target batch of b tokens (b - 1 of them proposals, b
+    output rows); a draft's catch-up of n tokens; a prompt's reading (one row)."""
     target, draft = pair.target.model, pair.draft_model.model
-    base = list(ids)
-    target.eval(base, 1)
-    draft.eval(base, 1)
+    base = list(ids) * (1 + 80 // len(ids))  # long enough to cut 64 from (the timings, not the text, matter)
+
+    def timed(model, n, rows, proposed=0):
+        model.eval(base[:-n], 1)
+        return seconds(lambda: model.eval(base, rows, proposed))
 
     def med(fn, n=repeats):
-        return statistics.median(seconds(fn) for _ in range(n))
+        return statistics.median(fn() for _ in range(n))
 
-    def catchup(n):
-        draft.eval(base[:-n], 1)
-        return seconds(lambda: draft.eval(base, 1))
-
-    t = [med(lambda: target.eval(base, b)) for b in range(1, 10)]
-    d = [statistics.median(catchup(n) for _ in range(repeats)) for n in range(1, 10)]
-    long = [statistics.median(catchup(n) for _ in range(max(3, repeats // 3))) for n in (32, 64)]
-    singles = [seconds(lambda: target.eval(base, 1)) for _ in range(repeats)]
+    few = max(3, repeats // 3)
+    t = [med(lambda: timed(target, b, b, b - 1)) for b in range(1, 10)]
+    d = [med(lambda: timed(draft, n, 1)) for n in range(1, 10)]
+    long = [med(lambda: timed(draft, n, 1), few) for n in (32, 64)]
+    read = [med(lambda: timed(target, n, 1), few) for n in (32, 64)]
+    singles = [timed(target, 1, 1) for _ in range(repeats)]
     return {"target": t, "draft": d, "catchup_per_token": float(max(0.0, (long[1] - long[0]) / 32)),
+            "target_per_token": float(max(0.0, (read[1] - read[0]) / 32)),
             "noise": float(np.std(np.log(singles)))}
 
 
-def agreement(pair, llm, prompt: str, tokens: int) -> tuple:
-    ids = llm.tokenize([{"role": "user", "content": prompt}], chat=True)
+def answer(pair, llm, messages: list, tokens: int) -> tuple:
+    """(prompt ids, the target's greedy answer, agree: whether the draft's argmax
+    given the true text before each answer position is the target's token)."""
+    ids = llm.tokenize(messages, chat=True)
     out = llm.generate(ids, max_tokens=tokens, k=0).tokens
-    seq = ids + out
-    rows = pair.draft_model.model.eval(seq[:-1], len(out))
-    return len(ids), [bool(a) for a in np.argmax(rows, axis=1) == np.array(out)], prompt_measure(pair, ids)
+    rows = pair.draft_model.model.eval((ids + out)[:-1], len(out))
+    return ids, out, [bool(a) for a in np.argmax(rows, axis=1) == np.array(out)]
+
+
+def agreement(pair, llm, prompt: str, tokens: int) -> tuple:
+    ids, _, agree = answer(pair, llm, [{"role": "user", "content": prompt}], tokens)
+    return len(ids), agree, prompt_measure(pair, ids)
+
+
+def workload_calls(pair, llm, names, n_items: int, tokens: int) -> list:
+    """The workloads' items as calls, in order, each with the lookup's proposals (module docstring)."""
+    from specgguf.cli.workloads import REVISE, items
+    from specgguf.ops.suffix import SuffixDrafter
+    look, calls = SuffixDrafter(16384, n_min=2), []  # as the pair's lookup: its memory spans the calls
+
+    def call(messages, workload):
+        ids, out, agree = answer(pair, llm, messages, tokens)
+        proposals = []
+        for p in range(len(out)):
+            got = look.propose(ids + out[:p], 32).tokens
+            run = next((i for i, (a, b) in enumerate(zip(got, out[p:])) if a != b), min(len(got), len(out) - p))
+            proposals.append([look.matched, len(got), run])
+        c = {"prompt": len(ids), "agree": agree, "measure": prompt_measure(pair, ids), "lookup": proposals,
+             "budget": tokens, "workload": workload}
+        calls.append(c)
+        print(f"  {messages[-1]['content'][:40]!r}: {len(ids)} + {len(out)} tokens, agreement {np.mean(agree):.2f}, "
+              f"lookup runs {sum(r for _, _, r in proposals)}", flush=True)
+        return pair.target_llm.detokenize(out).decode("utf-8", errors="replace")
+
+    for name in names:
+        for messages, extra in items(name, n_items):
+            if name in ("json",) or extra:
+                raise SystemExit("--workload records greedy answers without a schema: leave json out")
+            answer = call(messages, name + (" (first)" if name == "second-turn" else ""))
+            if name == "second-turn":
+                call(messages + [{"role": "assistant", "content": answer}, {"role": "user", "content": REVISE}], name)
+    return calls
 
 
 def prompt_measure(pair, ids) -> list:
@@ -111,6 +159,8 @@ def main() -> None:
     ap.add_argument("--name", help="the trace's name (default: from the models)")
     ap.add_argument("--out", help="where to write the trace")
     ap.add_argument("--measure-only", metavar="TRACE", help="add the prompt measurement to TRACE instead")
+    ap.add_argument("--workload", help="record these built-in workloads (comma-separated) instead of chat prompts")
+    ap.add_argument("--items", type=int, default=3, help="items per workload (default %(default)s)")
     args = ap.parse_args()
     if bool(args.out) == bool(args.measure_only):
         ap.error("give one of --out and --measure-only")
@@ -118,8 +168,8 @@ def main() -> None:
     pair = llm.pair
     if args.measure_only:
         return add_measure(pair, llm, Path(args.measure_only))
-    calls = []
-    for p in PROMPTS:
+    calls = workload_calls(pair, llm, args.workload.split(","), args.items, args.tokens) if args.workload else []
+    for p in PROMPTS if not args.workload else []:
         n_prompt, agree, measure = agreement(pair, llm, p, args.tokens)
         calls.append({"prompt": n_prompt, "agree": agree, "measure": measure})
         print(f"  {p[:40]!r}: {len(agree)} tokens, agreement {np.mean(agree):.2f}, "

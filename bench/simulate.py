@@ -11,13 +11,19 @@ With --engine, the same traces as the engine runs them (serve with
 parallel > 1: one request at a time, each new to its slot, the draft
 measured on its prompt in its first round), from a fresh engine.
 
+With --workloads, the traces recorded on real work with the lookup
+(tests/data/workloads_*.json, bench/record_trace.py --workload): per
+workload, each way a user runs the pair (the draft model alone, the lookup
+alone, both: the defaults) against plain decoding, replayed in one process
+as bench/workloads.py runs them.
+
 With --ablate, each of the policy's numbers (engine.policy.Tuning) set to
 the value that turns its feature off, or to a neighbour: the worst change,
 over the traces, of k=auto's speed against the best fixed K (the minimum
 over seeds, from a fresh state, a poisoned one and through the engine). A
 number is kept only if some trace loses more than 0.01 without it.
 
-    .venv/bin/python bench/simulate.py [--seeds 3] [--engine]
+    .venv/bin/python bench/simulate.py [--seeds 3] [--engine | --workloads]
     .venv/bin/python bench/simulate.py --ablate decay,guard   (about a minute a variant)
 """
 
@@ -63,14 +69,28 @@ def ablate(traces, seeds, names) -> None:
         print(f"| {name}: {VARIANTS[name]} | {change[t]:+.3f} | {t} |", flush=True)
 
 
+def workloads(seeds) -> None:
+    modes = list(simulator.MODES)[1:]
+    for path in sorted(DATA.glob("workloads_*.json")):
+        trace = simulator.load_trace(path)
+        print(f"{trace.name}: tokens/s over plain decoding's, median over {len(seeds)} seeds\n")
+        print("| workload | " + " | ".join(modes) + " |")
+        print("|---|" + "---|" * len(modes))
+        for w, got in simulator.by_workload(trace, seeds).items():
+            print(f"| {w} | " + " | ".join(f"{statistics.median(got[m]):.2f}x" for m in modes) + " |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--engine", action="store_true", help="through the engine's policy (serve) instead")
+    ap.add_argument("--workloads", action="store_true", help="the workload traces, each mode against plain")
     ap.add_argument("--ablate", metavar="NAMES", help=f"comma-separated, or 'all': {', '.join(VARIANTS)}")
     args = ap.parse_args()
     traces = simulator.regimes() + [simulator.load_trace(p) for p in sorted(DATA.glob("trace_*.json"))]
     seeds = range(args.seeds)
+    if args.workloads:
+        return workloads(seeds)
     if args.ablate:
         names = list(VARIANTS) if args.ablate == "all" else args.ablate.split(",")
         unknown = [n for n in names if n not in VARIANTS]

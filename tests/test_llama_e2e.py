@@ -414,6 +414,21 @@ def test_auto_k_skips_a_draft_that_could_not_repay_its_prompt_prefill(target, dr
     assert res.tokens == plain_greedy(target, ids, len(res.tokens))
 
 
+def test_a_long_prompts_catch_up_is_priced_on_the_drafts_timed_batches(target, draft):
+    """A new process's first long prompt (a code edit, 300+ tokens, n_ctx 1024):
+    the draft is not measured on it at a guessed price; once the target's rounds
+    are timed, two draft forwards are timed on the prompt's head (kept in the
+    draft's cache) before its catch-up is priced; the text is plain greedy's."""
+    from specgguf.cli.workloads import items
+    s = SpeculativeLlama(target, draft)
+    ids = s.tokenize(items("code-edit", 1)[0][0], chat=True)
+    assert len(ids) > 300
+    res = s.generate(ids, max_tokens=48, k="auto")
+    timed = s.learning.online.costs.draft.s
+    assert 31 in timed and 1 in timed and len(ids) not in timed and len(ids) - 1 not in timed  # no measurement
+    assert res.tokens == plain_greedy(target, ids, len(res.tokens))
+
+
 def test_a_seed_gives_the_same_text_by_name_by_path_and_at_any_thread_count():
     """The same files named by models.lock name or by path, with another
     thread count: one pair (identified by content), and the same seeded text

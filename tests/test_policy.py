@@ -1,5 +1,7 @@
 """The draft-length policy on synthetic forward costs and acceptance (no models, no clock)."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -152,6 +154,10 @@ def test_no_drafting_whose_catch_up_cannot_be_won_back():
     policy.measured("greedy", 0.9, 32)
     Player(policy, BOARD, np.random.default_rng(5)).play(0.9, 60)
     lag = 2000  # the draft is far behind: its catch-up costs about a target forward of 2000 tokens' worth
+    assert policy.choose([SlotView("greedy", 8, draft_lag=lag, remaining=2000)])[0] > 0  # rounds that cannot time
+    policy.batches_to_time(SlotView("greedy", 8, draft_lag=lag, remaining=2000))  # rounds that can: on a guess,
+    assert policy.choose([SlotView("greedy", 8, draft_lag=lag, remaining=2000)]) == [0]  # it waits for them
+    policy.timed_draft([(n, BOARD["draft"](n)) for n in Tuning.batch_timing])  # as the rounds time it first
     assert policy.choose([SlotView("greedy", 8, draft_lag=lag, remaining=2)]) == [0]
     assert policy.choose([SlotView("greedy", 8, draft_lag=lag, remaining=2000)])[0] > 0
     assert policy.choose([SlotView("greedy", 1, draft_lag=2, remaining=2)])[0] == 1  # a usual lag is in the round
@@ -418,3 +424,60 @@ def formula(costs, views, ks, doubt):
     for (v, _), s in zip(drafting, steady):
         t += max(0.0, costs.draft_forward(v.draft_lag) - costs.draft_forward(s)) / max(1, v.remaining or 128)
     return t
+
+
+def _timed(p, target, draft, lags=(2,)):
+    """Rounds of 1..9 target tokens and their draft forwards, timed as ``target`` and ``draft`` say."""
+    view = SlotView("greedy", 8)
+    for lag in lags:
+        for n in range(1, 10):
+            forwards = [(lag, draft(lag), 1)] + [(1, draft(1), 1)] * (n - 2) if n > 1 else []
+            p.round_done([view], [n - 1], Measured(n, target(n), forwards, n, 0.0))
+
+
+def test_a_catch_up_is_paid_once_for_the_tokens_left():
+    """A catch-up of C seconds buys drafting for the n tokens left: over them it
+    runs at E / (s + C E / n), so each drafted token is worth 1 - rate C / n of
+    one. Priced per round (C / n a round, as if a round gave one token), a
+    300-token catch-up looked 8x cheaper, and first code edits paid it for
+    answers plain decoding gave sooner. The tokens left are what recent
+    answers suggest: code edits ended at 80 of a 128-token budget."""
+    target = lambda n: 0.025 + 0.003 * n  # noqa: E731
+    draft = lambda n: 0.010 + 0.003 * n  # noqa: E731  (300 tokens: 0.91 s, as a quantized draft here)
+    p = Policy(8)
+    _timed(p, target, draft, lags=(2, 300))
+    p.measured("greedy", 0.95, 1000)
+    behind = SlotView("greedy", 8, draft_lag=300, remaining=100)
+    # Drafting K=5 at 0.95: 5.3 tokens a 0.111 s round (47.7 tokens/s); plain decoding 1 in 0.028
+    # (35.7). Over 100 tokens the 0.89 s catch-up makes it 100 / (0.89 + 100 / 47.7) = 33.5 tokens/s;
+    # priced per round (8.9 ms) it looked 44.
+    assert p.choose([behind]) == [0]
+    assert p.choose([replace(behind, remaining=2000)])[0] > 0  # over 2000 tokens it pays
+    for _ in range(3):
+        p.ended(100, at_budget=False)  # ... unless answers end long before their budget
+    assert p.left(replace(behind, remaining=2000)) == 100
+    assert p.choose([replace(behind, remaining=2000)]) == [0]
+    assert p.left(replace(behind, remaining=2000, emitted=150)) == 2000  # longer than any: all it may
+    p.ended(400, at_budget=True)  # a budget cut it: it would have gone on
+    assert p.left(replace(behind, remaining=2000)) == round((3 * 100 + 2000) / 4)
+    assert p.choose([SlotView("greedy", 8, remaining=127)])[0] > 0  # no catch-up: it drafts as ever
+
+
+def test_a_long_catch_up_is_priced_on_timed_batches_not_on_a_guess():
+    """Guessed, a quantized draft's 345-token batch cost 54 ms where it took a
+    second, and a first code edit paid it. Before a long catch-up is first
+    priced, the rounds time two draft forwards on the prompt's head (which the
+    draft keeps); until then the draft is not measured on that prompt nor run
+    on it; a chat prompt is measured as before."""
+    p = Policy(8)
+    long = SlotView("greedy", 8, target_lag=345, draft_lag=345, remaining=127)
+    assert p.batches_to_time(long) == () and not p.worth_measuring(long)  # nothing timed: prices are relative
+    assert p.worth_measuring(SlotView("greedy", 8, target_lag=40, draft_lag=40, remaining=127))
+    p.round_done([SlotView("greedy", 8)], [0], Measured(1, 0.025))
+    p.measured("greedy", 0.95, 1000)
+    assert p.batches_to_time(long) == Tuning.batch_timing
+    assert p.choose([replace(long, target_lag=1)]) == [0]  # not run on a guessed catch-up
+    assert p.batches_to_time(replace(long, remaining=20)) == ()  # fewer tokens left than the timing reads
+    p.timed_draft([(1, 0.012), (31, 0.110)])
+    assert p.batches_to_time(long) == ()
+    assert p.costs.draft(345) == pytest.approx(0.110 + 314 * 0.098 / 30, rel=0.01)  # on the line through them

@@ -20,7 +20,7 @@ class SlotView:
     pooled by it); ``cap``, the most it may draft (a caller's K if ``fixed``);
     the tokens its target and draft caches lack besides the drafts (a prompt;
     the draft's catch-up); the tokens it may still emit (None: unknown); whether
-    its last round ended in a rejection; its sequence id."""
+    its last round ended in a rejection; its sequence id; the tokens it has emitted."""
 
     regime: str
     cap: int
@@ -30,6 +30,7 @@ class SlotView:
     remaining: Optional[int] = None
     after_miss: bool = False
     slot: int = 0
+    emitted: int = 0
 
     def steady(self) -> SlotView:
         """In a steady round: no prompt to read, no catch-up beyond the usual."""
@@ -173,9 +174,11 @@ class Costs:
         ``unknown_left`` if not known): a drafting round is weighed against a plain one."""
         return self.pricer(views, doubt)(ks)
 
-    def pricer(self, views: Sequence[SlotView], doubt: bool = False) -> "Pricer":
-        """:meth:`seconds` for these ``views`` as a function of ``ks`` (see :class:`Pricer`)."""
-        return Pricer(self, views, doubt)
+    def pricer(self, views: Sequence[SlotView], doubt: bool = False,
+               per_round: Optional[Sequence[bool]] = None) -> "Pricer":
+        """:meth:`seconds` for these ``views`` as a function of ``ks`` (see :class:`Pricer`;
+        ``per_round[i]`` False: without sequence i's catch-up, which the caller weighs itself)."""
+        return Pricer(self, views, doubt, per_round)
 
 
 class Pricer:
@@ -185,14 +188,19 @@ class Pricer:
     millisecond of a 35 ms round went to it: the draft's forwards are priced
     once here, by their tokens, and a scan costs O(K), not O(K x (slots + K))."""
 
-    def __init__(self, costs: Costs, views: Sequence[SlotView], doubt: bool) -> None:
+    def __init__(self, costs: Costs, views: Sequence[SlotView], doubt: bool,
+                 per_round: Optional[Sequence[bool]] = None) -> None:
         self.costs, self.views, self.known = costs, views, {}
         self.lag = sum(v.target_lag for v in views)
         self.steady = [min(max(1, v.draft_lag), costs.steady) for v in views]
         # draft[n]: one draft forward over n tokens (draft[0] = 0: no forward)
         self.draft = [costs.draft_forward(n, doubt) for n in range(max(sum(self.steady), len(views)) + 2)]
-        self.catchup = [max(0.0, costs.draft_forward(v.draft_lag) - costs.draft_forward(s)) /
-                        max(1, v.remaining or costs.unknown_left) for v, s in zip(views, self.steady)]
+        # each sequence's catch-up past a steady round's first forward, and the tokens it may still emit
+        self.caught = [max(0.0, costs.draft_forward(v.draft_lag) - costs.draft_forward(s))
+                       for v, s in zip(views, self.steady)]
+        self.left = [max(1, v.remaining or costs.unknown_left) for v in views]
+        per_round = [True] * len(views) if per_round is None else per_round
+        self.catchup = [c / n if each else 0.0 for c, n, each in zip(self.caught, self.left, per_round)]
 
     def __call__(self, ks: Sequence[int]) -> float:
         ks = tuple(ks)

@@ -47,6 +47,12 @@ class FixedK:
     def round_done(self, views: Sequence[SlotView], ks: Sequence[int], m: Optional[Measured]) -> None:
         pass
 
+    def ended(self, emitted: int, at_budget: bool) -> None:
+        pass
+
+    def batches_to_time(self, v: SlotView) -> tuple:
+        return ()
+
     def p_min(self, regime: str) -> Optional[float]:
         """No confidence cutoff of its own (``p_min="auto"`` needs ``k="auto"``)."""
         return None

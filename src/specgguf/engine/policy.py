@@ -8,14 +8,19 @@ nothing is known of is probed by one sequence (or measured on its prompt:
 :meth:`Policy.worth_measuring`); a lone sequence that stopped drafting
 retries after ``retry`` plain rounds (twice as many after each retry that did
 not hold) if the draft would pay at its optimistic acceptance or at a doubted
-price. Every number is in :class:`~specgguf.engine.tuning.Tuning`. Nothing
-here touches models, files or the clock.
+price. A draft's catch-up (a new prompt, or text it skipped) is paid once for
+the tokens a sequence is expected to emit yet, as long as recent answers ran
+(:meth:`Policy.left`); a long one is priced only once draft batches were
+timed (:meth:`Policy.batches_to_time`). Every number is in
+:class:`~specgguf.engine.tuning.Tuning`. Nothing here touches models, files
+or the clock.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import replace
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 from ..config import AUTO_K_MAX
 from .acceptance import Regime, expected_tokens
@@ -40,6 +45,8 @@ class Policy:
         self.costs = Costs(passes, free_draft, tuning.slope_guess, tuning.draft_guess, tuning.doubt, tuning.steady,
                            tuning.unknown_left, tuning.spike)
         self.regimes: Dict[str, Regime] = {}
+        self.answers: Deque[Tuple[int, bool]] = deque(maxlen=16)  # recent answers' lengths, and whether cut
+        self.can_time = False  # its rounds time draft batches when asked (batches_to_time)
 
     def regime(self, name: str) -> Regime:
         if name not in self.regimes:
@@ -81,6 +88,20 @@ class Policy:
         if drafted:
             self.regime(regime).observe(drafted, accepted, after_miss)
 
+    def ended(self, emitted: int, at_budget: bool) -> None:
+        """A sequence ended after ``emitted`` tokens (``at_budget``: its budget cut it)."""
+        self.answers.append((emitted, at_budget))
+
+    def left(self, v: SlotView) -> int:
+        """The tokens ``v``'s sequence is expected to emit yet: within what it may
+        (``remaining``), as long as the recent answers that ran past its ``emitted``
+        went on (all of it while none is known). Answers end before their budget
+        (code edits here at 80 of 128): a catch-up priced over the budget paid for
+        tokens that never came."""
+        n = v.remaining or self.t.unknown_left
+        longer = [n if cut else min(n, e - v.emitted) for e, cut in self.answers if e > v.emitted]
+        return max(1, round(sum(longer) / len(longer))) if longer else n
+
     def round_done(self, views: Sequence[SlotView], ks: Sequence[int], m: Optional[Measured]) -> None:
         """After a round that drafted ``ks`` for ``views``: its costs (``m``; None: untimed)."""
         if m is not None and self.clock:
@@ -113,23 +134,36 @@ class Policy:
         round); and that rate over plain decoding's. ``hope``: every position
         accepted at 0.99. One sequence of a regime not known probes; the
         others of its regime wait for its verdict."""
-        first, capped = set(), []
+        first, capped, explore = set(), [], []
         for v in views:
             probe = not v.fixed and not self.regime(v.regime).known
+            guessed = not (v.fixed or doubt) and self._guessed_catchup(v)  # a retry doubts every timing
+            v = replace(v, remaining=self.left(v), cap=0 if guessed else v.cap)
             if probe:
                 v = replace(v, cap=0 if v.regime in first else min(v.cap, self.t.probe_k))
                 first.add(v.regime)
             if probe or optimistic:  # what may find nothing pays its catch-up back over fewer tokens
-                v = replace(v, remaining=max(1, round((v.remaining or self.t.unknown_left) * self.t.odds)))
+                v = replace(v, remaining=max(1, round(v.remaining * self.t.odds)))
             capped.append(v)
+            explore.append(probe or optimistic)
         gains = [expected_tokens(v.cap, [0.99] * v.cap) if hope else self.regimes[v.regime].gains(v, optimistic)
                  for v in capped]
         steady = [v.steady() for v in capped]
         longest = max([v.cap for v in capped if not v.fixed], default=0)  # past it, every common K is the same
         commons = [[v.cap if v.fixed else min(k, v.cap) for v in capped] for k in range(longest + 1)]
         total = lambda ks: sum(g[k] for g, k in zip(gains, ks))  # noqa: E731
-        steady_price, price = self.costs.pricer(steady, doubt), self.costs.pricer(capped, doubt)
-        rate = max(total(ks) / max(steady_price(ks), 1e-9) for ks in commons)
+        steady_price, price = self.costs.pricer(steady, doubt), self.costs.pricer(capped, doubt, explore)
+        # A catch-up of C seconds is paid once for the n tokens a sequence is expected to emit yet:
+        # drafting then runs at E / (s + C E / n) (C / n per token, not per round: a 345-token
+        # prompt's catch-up looked 8x cheaper so), and each drafted token is worth 1 - rate C / n of
+        # one. A probe's or a retry's stays per round (at its odds): what it learns serves later
+        # requests too (weighed per token, a draft slowed for a while was never tried again).
+        per_token = [0.0 if e else c / n for c, n, e in zip(price.caught, price.left, explore)]
+        horizon = lambda ks: (steady_price(ks) +  # noqa: E731
+                              sum(c * g[k] for c, g, k in zip(per_token, gains, ks) if k))
+        rate = max(total(ks) / max(horizon(ks), 1e-9) for ks in commons)
+        for g, c in zip(gains, per_token):
+            g[1:] = [x * max(0.0, 1.0 - rate * c) for x in g[1:]]
         score = lambda ks: total(ks) - rate * price(ks)  # noqa: E731
         best = max(commons, key=score)
         for i, v in enumerate(capped):
@@ -138,12 +172,36 @@ class Policy:
                 best[i] = max(range(v.cap + 1), key=lambda k: held + gains[i][k] - rate * seconds[k])
         return best, rate * self.costs.seconds(steady, commons[0]) / max(1e-9, total(commons[0]))
 
+    def _guessed_catchup(self, v: SlotView) -> bool:
+        """``v``'s catch-up is long and no draft forward near as long was timed yet
+        (where the rounds can time some: a draft of another tokenizer times its
+        first catch-up, priced on the guess)."""
+        longest, head = max(self.costs.draft.s, default=0), sum(self.t.batch_timing)
+        return (self.can_time and self.clock and not self.costs.free and longest < max(self.t.batch_timing)
+                and 4 * head < v.draft_lag)
+
+    def batches_to_time(self, v: SlotView) -> tuple:
+        """Draft forwards to time (their tokens, ``batch_timing``) before ``v``'s
+        catch-up is priced (:meth:`timed_draft`), once the target's rounds are timed
+        (prices are relative); else (). Guessed, a 345-token catch-up was priced at
+        54 ms where it took a second (a quantized draft's batches have no fast kernel
+        on some machines), and a first code edit paid it."""
+        self.can_time = True
+        wanted = self.costs.target.s and self._guessed_catchup(v) and self.left(v) > sum(self.t.batch_timing)
+        return self.t.batch_timing if wanted else ()  # fewer tokens left than it reads: not worth a look
+
+    def timed_draft(self, forwards: Sequence[tuple]) -> None:
+        """Draft forwards run outside a round, ``[(tokens, seconds)]``."""
+        if self.clock:
+            for n, seconds in forwards:
+                self.costs.draft.observe(n, seconds)
+
     def worth_measuring(self, v: SlotView) -> bool:
         """Whether to measure the draft on the prompt ``v`` is about to read: while its
         regime is not known, if drafting would pay were the draft good."""
         cap = min(self.k_max, (v.remaining or self.t.unknown_left) - 1)
-        if self.regime(v.regime).known or cap <= 0:
-            return False
+        if self.regime(v.regime).known or cap <= 0 or self._guessed_catchup(v):
+            return False  # a long prompt's catch-up at a guessed price: a probe decides, timed
         return self._best([replace(v, target_lag=1, cap=cap)], hope=True)[0][0] > 0
 
     def rates(self, regime: str) -> List[float]:

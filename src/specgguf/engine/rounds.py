@@ -82,7 +82,7 @@ class Request:
         # The draft's lag costs O(context) to find: only a policy weighs it.
         d_lag = 0 if drafter is None else (drafter.lag(self.ids, self.slot) if self.length.auto else 1)
         return SlotView(self.regime, max(0, cap), not self.length.auto, t_lag, d_lag, remaining, self.after_miss,
-                        self.slot)
+                        self.slot, self.stats.emitted)
 
     def emit(self, tokens: Sequence[int], n_draft: int, source: int) -> bool:
         """Hand out a round's ``tokens`` (the first ``n_draft`` accepted drafts,
@@ -118,6 +118,7 @@ class Rounds:
         lock = nullcontext() if lock is None else lock
         views = [r.view(self.target, self.drafter) for r in reqs]
         with lock:
+            views = self._time_batches(reqs, views)
             turns = choose_turns([r.ids for r in reqs], views, self.drafter, [r.length for r in reqs],
                                  [self._lookup(r) for r in reqs])
             cutoffs = [t.length.p_min(r.regime) if r.p_min == "auto" else r.p_min for r, t in zip(reqs, turns)]
@@ -140,12 +141,24 @@ class Rounds:
                     ended.append((r, got))
                 elif r.emit(d.tokens[:got[0]] + [got[1]], got[0], turn.source):
                     ended.append((r, None))
+                    r.length.ended(r.stats.emitted, r.stats.finish_reason == "length")
             drafted = sum(len(d.tokens) for d in drafts)
             rest = (time.perf_counter() - t0) - (t2 - t1) - sum(f[1] for f in forwards)
             m = Measured(sum(v.target_lag for v in views) + drafted, t2 - t1, forwards, drafted + len(drafts), rest)
             lookups = [r.lookup_length for r in reqs if r.lookup_length is not None]
             tell(turns, drafts, accepted, m, lookups + self.listeners)
         return ended
+
+    def _time_batches(self, reqs: Sequence[Request], views: List[SlotView]) -> List[SlotView]:
+        """Before a long prompt's catch-up is first priced, a few of the draft's
+        batches timed on its head (:meth:`~specgguf.engine.policy.Policy.batches_to_time`),
+        which the draft keeps; the views as they are then."""
+        for i, (r, v) in enumerate(zip(reqs, views)):
+            counts = r.length.batches_to_time(v) if hasattr(self.drafter, "read_head") else ()
+            if counts:
+                r.length.timed_draft(self.drafter.read_head(r.slot, r.ids, counts))
+                views[i] = r.view(self.target, self.drafter)
+        return views
 
     def _lookup(self, r: Request) -> Optional[LookupFirst]:
         if self.lookups is None or r.lookup_length is None:

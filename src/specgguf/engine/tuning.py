@@ -32,3 +32,4 @@ class Tuning:
     unknown_left: int = 128    # tokens a sequence is taken to have left when it does not say
     steady: int = 2            # draft tokens a sequence has in a forward without catch-up
     spike: float = 1.5         # a shorter forward is priced at most this of a longer one as timed
+    batch_timing: tuple = (1, 31)  # draft forwards timed (tokens) before a long catch-up is first priced

@@ -113,6 +113,21 @@ class SlotDrafter:
             return 0
         return max(0, min(self.CHECK_ROWS, lag - 1, len(seq) - ask.sampler.origin))
 
+    def read_head(self, slot: int, ids: Sequence[int], counts: Sequence[int]) -> list:
+        """Time the draft's batches: it reads ``ids`` past what its cache holds
+        in forwards of ``counts`` tokens, while they end before the last token
+        (left to the round). The tokens stay in the cache: the start of a
+        catch-up. Returns ``[(tokens, seconds)]`` per forward run."""
+        out, end = [], len(ids) - self.model.lag(ids, slot)
+        for n in counts:
+            if end + n >= len(ids):
+                break
+            end += n
+            t0 = time.perf_counter()
+            self.model.eval_many([(slot, ids[:end], 1)])
+            out.append((n, time.perf_counter() - t0))
+        return out
+
     def agreement(self, work: Sequence[tuple]) -> tuple:
         """``work``: ``(slot, prompt ids, sampler, the target's rows [n, V] for
         its positions before the last)``: the draft catches up on each prompt

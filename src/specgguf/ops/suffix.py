@@ -56,6 +56,7 @@ class SuffixDrafter:
         if n_min not in SIZES:
             raise ValueError(f"n_min must be one of {SIZES}, got {n_min}")
         self.memory, self.sizes = memory, tuple(n for n in SIZES if n >= n_min)
+        self.matched = 0  # the length of the suffix the last proposal matched (0: none)
         self._clear()
 
     def _clear(self) -> None:
@@ -74,11 +75,12 @@ class SuffixDrafter:
         """Up to ``k`` tokens continuing ``context`` (tokens whose confidence falls
         below ``p_min`` end the draft, ``stop="cutoff"``)."""
         self._sync(context)
-        end, places = len(self.stream), []
+        end, places, self.matched = len(self.stream), [], 0
         for n in sorted(self.sizes, reverse=True):
             if end - self.start >= n:
                 places = self._places(n, hash(tuple(self.stream[end - n:])))
                 if places:
+                    self.matched = n
                     break
         tokens, confidence, stop = [], [], "end"
         while places and len(tokens) < k:

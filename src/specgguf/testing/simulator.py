@@ -47,6 +47,8 @@ from ..llama.adapter import SlotDrafter
 from ..engine.draft_length import DraftLength, draft_length
 from ..engine.learning import Learning
 from ..engine.costs import Measured
+from ..engine.lookup_first import LookupFirst, next_turn, report
+from ..ops.drafter import Draft
 from ..engine.policy import Policy, SlotView, Tuning
 from ..state import PairState, Store
 
@@ -60,6 +62,7 @@ class Costs:
     target: List[float]              # target forward over b = 1.. tokens
     draft: List[float]               # draft forward over n = 1.. tokens (its first in a round: the catch-up)
     catchup_per_token: float         # past the table, each further token of a catch-up
+    target_per_token: float = 0.0    # past the table, each further token the target reads (0: the table's last step)
     other: float = 0.0003            # warp, verify, Python, per round
     noise: float = 0.05              # lognormal sigma, per round
     bursts: Sequence[tuple] = ()     # (first round, last round, factor): all costs times factor
@@ -67,7 +70,8 @@ class Costs:
 
     def target_cost(self, b: int) -> float:
         t = self.target
-        return t[b - 1] if b <= len(t) else t[-1] + (t[-1] - t[-2]) * (b - len(t))
+        step = self.target_per_token or t[-1] - t[-2]
+        return t[b - 1] if b <= len(t) else t[-1] + step * (b - len(t))
 
     def draft_cost(self, n: int) -> float:
         d = self.draft
@@ -83,10 +87,44 @@ class Call:
     agree: List[bool]
     max_tokens: int = 0  # 0: len(agree)
     measure: Optional[List[float]] = None  # (acceptance, positions) on the prompt, recorded; None: see _prompt_measure
+    # per output position, what the lookup proposes given the true text before it: [the length of
+    # the suffix it matched (0: none), tokens proposed (at most LOOKUP_K_MAX), how many of them are
+    # the true text's next ones] (bench/record_trace.py --workload); None: no lookup recorded
+    lookup: Optional[List[List[int]]] = None
+    budget: int = 0  # the tokens the caller asked for, which the answer may end before (0: n)
+    workload: str = ""  # which kind of work it is (bench/record_trace.py --workload)
 
     @property
     def n(self) -> int:
         return self.max_tokens or len(self.agree)
+
+    @property
+    def asked(self) -> int:
+        return max(self.budget, self.n)
+
+
+class RecordedLookup:
+    """A lookup that proposes what the call's record says it proposed at the
+    current position (``pos``, set by the replay): a drafter for
+    :class:`~specgguf.engine.lookup_first.LookupFirst` (its tokens are
+    placeholders; :func:`_run_call` counts the recorded run as accepted).
+    ``n_min``: matches of shorter suffixes propose nothing."""
+
+    model_free = True
+
+    def __init__(self, call: Call, n_min: int = 2) -> None:
+        self.call, self.n_min, self.pos = call, n_min, 0
+
+    def lag(self, context) -> int:
+        return 0
+
+    def propose(self, context, k: int, p_min=None) -> Draft:
+        matched, have, _ = self.call.lookup[self.pos] if self.pos < len(self.call.lookup) else (0, 0, 0)
+        n = min(k, have) if matched >= self.n_min else 0
+        return Draft([0] * n, onehot=True, stop="max" if n == k else "end", forwards=[])
+
+    def accepted(self, k: int) -> int:
+        return min(k, self.call.lookup[self.pos][2])
 
 
 @dataclass
@@ -154,29 +192,53 @@ def _round(call: Call, pos: int, view: SlotView, k: int, clock: _Clock) -> tuple
     return _accepted(call, pos, k), m, catchup
 
 
-def _run_call(call: Call, length: DraftLength, regime: str, clock: _Clock, evaluated: int = 0) -> tuple:
-    """One call; returns (tokens, seconds). ``length``: its K object. Round 0 reads the prompt; the draft, which has evaluated
-    ``evaluated`` tokens of the context, catches up when it first drafts,
-    reading back the skipped tokens (:class:`~specgguf.llama.adapter.SlotDrafter`)."""
-    seconds, pos, rounds, n, after_miss = 0.0, 0, 0, call.n, False
+def _run_call(call: Call, length: DraftLength, regime: str, clock: _Clock, evaluated: int = 0,
+              lookup: Optional[LookupFirst] = None) -> tuple:
+    """One call; returns (tokens, seconds, tokens the lookup gave). ``length``: its K object;
+    ``lookup``: a :class:`RecordedLookup` of the call's and its K object, tried first as
+    the engine does (:func:`~specgguf.engine.lookup_first.next_turn`). Round 0 reads
+    the prompt; the draft, which has evaluated ``evaluated`` tokens of the context,
+    catches up when it first drafts, reading back the skipped tokens
+    (:class:`~specgguf.llama.adapter.SlotDrafter`)."""
+    seconds, pos, rounds, n, after_miss, looked = 0.0, 0, 0, call.n, False, 0
     while pos < n:
-        context, remaining = call.prompt + pos, n - pos
+        context, remaining = call.prompt + pos, call.asked - pos
         cap = 0 if rounds == 0 else min(length.k_max, remaining - 1)
         view = SlotView(regime, cap, False, call.prompt if rounds == 0 else 1, context - evaluated,
                         remaining, after_miss)
-        kk = length.choose([view])[0]
-        accepted, m, catchup = _round(call, pos, view, kk, clock)
+        counts = length.batches_to_time(view)
+        if counts:  # the draft's batches timed on the context's head, which it keeps (Rounds._time_batches)
+            forwards = [(n, clock.c.draft_cost(n)) for n in counts]
+            length.timed_draft(forwards)
+            seconds, evaluated = seconds + sum(s for _, s in forwards), evaluated + sum(counts)
+            view = replace(view, draft_lag=context - evaluated)
+        if lookup is not None:
+            lookup.lookup.pos = pos
+        alone = getattr(lookup, "alone", False)  # the lookup is the drafter: no model behind it
+        turn = next_turn([], view, lookup.lookup if alone else _MODEL, length, None if alone else lookup)
+        kk = turn.k
+        if turn.drafter is _MODEL:
+            accepted, m, catchup = _round(call, pos, view, kk, clock)
+        else:
+            f = clock.factor()
+            clock.round += 1
+            accepted, catchup = lookup.lookup.accepted(kk), None
+            m = Measured(view.target_lag + kk, clock.c.target_cost(view.target_lag + kk) * f, [], kk + 1,
+                         clock.c.other * f)
+            looked += accepted
         seconds += m.target_seconds + m.rest_seconds + sum(x[1] for x in m.draft_forwards)
-        if catchup:
-            length.read_back(regime, *catchup)
-        length.observe(regime, kk, accepted, after_miss)
-        length.round_done([view], [kk], m)
+        draft = Draft([0] * kk, catchup=catchup, forwards=[])
+        report(turn, lookup, draft, accepted, m)
         after_miss = accepted < kk
-        if kk:  # the draft evaluated up to its last proposal but one; the cut-back keeps the accepted part
+        if kk and turn.drafter is _MODEL:  # the draft evaluated up to its last proposal but one
             evaluated = context + min(accepted, kk - 1)
         pos += accepted + 1
         rounds += 1
-    return min(pos, n), seconds
+    length.ended(min(pos, n), n >= call.asked)
+    return min(pos, n), seconds, looked
+
+
+_MODEL = object()  # the draft model's place in a Turn: its rounds are played from the agreement flags
 
 
 def _prompt_measure(call: Call) -> Optional[tuple]:
@@ -189,31 +251,47 @@ def _prompt_measure(call: Call) -> Optional[tuple]:
     return (float(np.mean(sample)), len(sample)) if len(sample) >= 4 else None
 
 
-def _decoder_call(call: Call, k, learning: Learning, config: GenerationConfig, clock: _Clock) -> tuple:
+def _decoder_call(call: Call, k, learning: Learning, config: GenerationConfig, clock: _Clock,
+                  lookup: Optional[int] = None) -> tuple:
     """One call as :class:`~specgguf.SpeculativeLlama` runs it: the policy
     from ``learning``; the prompt's round measures the draft on the prompt
     while the policy has seen too little of it (as
     :func:`~specgguf.engine.rounds.to_measure` has it: the draft evaluates
-    the prompt); the store updated after it."""
+    the prompt); the store updated after it. ``lookup``: the shortest match
+    of a lookup in front of the draft (the call's record; None: no lookup;
+    with ``k=0``, the lookup alone). Returns (tokens, seconds, the lookup's tokens)."""
     seconds, evaluated = 0.0, 0
-    view = SlotView(config.regime, AUTO_K_MAX, target_lag=call.prompt, draft_lag=call.prompt, remaining=call.n)
+    view = SlotView(config.regime, AUTO_K_MAX, target_lag=call.prompt, draft_lag=call.prompt, remaining=call.asked)
     length = learning.length(replace(config, k=k))
+    length.batches_to_time(view)  # asked first, as the rounds do (nothing to time before the target is)
     if length.auto and length.worth_measuring(view):
-        seconds, evaluated = clock.c.draft_cost(call.prompt - 1), call.prompt - 1
+        read = call.prompt - 1 - evaluated  # the draft reads the prompt, and its forward is timed
+        length.timed_draft([(read, clock.c.draft_cost(read))])
+        seconds, evaluated = seconds + clock.c.draft_cost(read), call.prompt - 1
         got = _prompt_measure(call)
         if got is not None:
             length.measured(config.regime, *got)
-    tokens, spent = _run_call(call, length, config.regime, clock, evaluated=evaluated)
+    front = None
+    if lookup is not None and call.lookup is not None:
+        front = LookupFirst(RecordedLookup(call, lookup), learning.lookup_length(replace(config, k="auto")))
+    if front is not None and not length.auto and length.k_max == 0:  # the lookup alone (draft="ngram")
+        length, front = learning.lookup, LookupFirst(front.lookup, learning.lookup)
+        front.alone = True
+    tokens, spent, looked = _run_call(call, length, config.regime, clock, evaluated=evaluated, lookup=front)
     learning.finish(length, config)
-    return tokens, seconds + spent
+    return tokens, seconds + spent, looked
 
 
 def replay(trace: Trace, k, seed: int = 0, store: Optional[Store] = None,
-           poison: Optional[Callable[[PairState], None]] = None, tuning: Tuning = Tuning()) -> float:
+           poison: Optional[Callable[[PairState], None]] = None, tuning: Tuning = Tuning(),
+           lookup: Optional[int] = None, calls: Optional[list] = None) -> float:
     """Tokens per second over the trace's calls with draft length ``k`` (an
     int, or "auto"), under noise drawn from ``seed``. ``store``: the state
     store (default: a fresh temporary one: a new user); ``poison(state)``
-    writes records before the first call; ``tuning``: the policy's numbers."""
+    writes records before the first call; ``tuning``: the policy's numbers;
+    ``lookup``: a lookup in front of the draft, its shortest match (see
+    :func:`_decoder_call`); ``calls``: if a list, each call's (tokens,
+    seconds, the lookup's tokens) is appended to it."""
     with tempfile.TemporaryDirectory(prefix="specgguf-sim-") as tmp:
         state = PairState(store or Store(tmp), f"sim|{trace.name}")
         if poison is not None:
@@ -222,8 +300,10 @@ def replay(trace: Trace, k, seed: int = 0, store: Optional[Store] = None,
         clock = _Clock(trace.costs, np.random.default_rng(seed))
         tokens = seconds = 0.0
         for call in trace.calls:
-            t, s = _decoder_call(call, k, learning, trace.config, clock)
+            t, s, looked = _decoder_call(call, k, learning, trace.config, clock, lookup)
             tokens, seconds = tokens + t, seconds + s
+            if calls is not None:
+                calls.append((t, s, looked))
         return tokens / seconds
 
 
@@ -237,15 +317,40 @@ def replay_engine(trace: Trace, k, seed: int = 0, tuning: Tuning = Tuning()) -> 
     tokens = seconds = 0.0
     for call in trace.calls:
         evaluated, got = 0, None
-        view = SlotView(regime, 0, target_lag=call.prompt, draft_lag=call.prompt, remaining=call.n)
+        view = SlotView(regime, 0, target_lag=call.prompt, draft_lag=call.prompt, remaining=call.asked)
+        policy.batches_to_time(view)
         if k == "auto" and policy.worth_measuring(view):
             got = _prompt_measure(call)
         if got is not None:
             policy.measured(regime, *got)
+            policy.timed_draft([(call.prompt - 1, clock.c.draft_cost(call.prompt - 1))])
             seconds, evaluated = seconds + clock.c.draft_cost(call.prompt - 1), call.prompt - 1
-        t, s = _run_call(call, draft_length(k, lambda: policy), regime, clock, evaluated=evaluated)
+        t, s, _ = _run_call(call, draft_length(k, lambda: policy), regime, clock, evaluated=evaluated)
         tokens, seconds = tokens + t, seconds + s
     return tokens / seconds
+
+
+# How a user runs a pair, as (k, the lookup's shortest match or None): the draft model alone
+# (lookup=False), the lookup alone (draft="ngram"), both (the defaults).
+MODES = {"plain": (0, None), "model": ("auto", None), "lookup": (0, 2), "default": ("auto", 4)}
+
+
+def by_workload(trace: Trace, seeds: Sequence[int] = (0, 1, 2), modes: dict = MODES) -> dict:
+    """``{workload: {mode: [tokens/s over plain decoding's, per seed]}}`` over a
+    trace recorded with the lookup (each workload's calls pooled; the calls
+    replayed in order in one process, as ``bench/workloads.py`` runs them)."""
+    runs = {m: [] for m in modes}
+    for name, (k, lookup) in modes.items():
+        for s in seeds:
+            calls: list = []
+            replay(trace, k, s, lookup=lookup, calls=calls)
+            runs[name].append(calls)
+    out: dict = {}
+    for w in dict.fromkeys(c.workload for c in trace.calls):
+        idx = [i for i, c in enumerate(trace.calls) if c.workload == w]
+        rate = lambda calls: sum(calls[i][0] for i in idx) / sum(calls[i][1] for i in idx)  # noqa: E731
+        out[w] = {m: [rate(c) / rate(p) for c, p in zip(runs[m], runs["plain"])] for m in modes}
+    return out
 
 
 def oracle(trace: Trace, seed: int = 0, ks: Sequence[int] = tuple(range(AUTO_K_MAX + 1)), run=None) -> tuple:
