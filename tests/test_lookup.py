@@ -82,3 +82,28 @@ def test_a_growing_context_is_indexed_once(source):
     for n in range(50, len(code), 7):
         d.propose(code[:n], 4)
     assert d.stream == code[:n] and d.start == 0
+
+
+def test_a_short_match_drafts_only_where_the_model_would_not():
+    """In front of a draft model, the lookup takes a round on a match of STRONG
+    tokens or more; on a shorter one (a common phrase) only where the model's
+    K is 0 (a first code edit, whose catch-up the model sits out); the short
+    matches' acceptance is kept apart in the lookup's policy."""
+    from specgguf.engine.draft_length import FixedK
+    from specgguf.engine.costs import Measured
+    from specgguf.engine.lookup_first import STRONG, LookupFirst, next_turn
+    from specgguf.engine.policy import Policy, SlotView
+    weak = [1, 2, 3, 50, 60, 1, 2]         # [1, 2] seen before: a 2-token match, proposing [3, 50, 60, ...]
+    strong = [1, 2, 3, 4, 9, 8, 1, 2, 3, 4]  # a STRONG match (4 tokens)
+    assert STRONG == 4
+    view, model = SlotView("greedy", 8, remaining=100), object()
+    lookup = LookupFirst(SuffixDrafter(0), FixedK(8))
+    assert lookup.available(weak, view) == (5, False) and lookup.available(strong, view) == (6, True)
+    assert next_turn(weak, view, model, FixedK(0), lookup).drafter is lookup.lookup  # the model would not draft
+    turn = next_turn(weak, view, model, FixedK(3), lookup)
+    assert turn.drafter is model and turn.k == 3
+    assert next_turn(strong, view, model, FixedK(3), lookup).drafter is lookup.lookup
+    policy = Policy(32, free_draft=True)
+    policy.round_done([view], [0], Measured(1, 0.02))  # a round timed: it may draft
+    auto = LookupFirst(SuffixDrafter(0), policy)
+    assert next_turn(weak, view, model, FixedK(0), auto).view.regime == "greedy short"

@@ -33,6 +33,10 @@ from .policy import SlotView
 
 # Where an emitted token came from (DecoderStats.emit; the API names them stats.SOURCES).
 FROM_TARGET, FROM_DRAFT, FROM_LOOKUP = 0, 1, 2
+# A lookup whose match is this many tokens or more drafts before the model; a shorter one only
+# where the model would not draft (on chat, 2-3 token matches of common phrases took rounds the
+# model drafts better; on a first code edit, where the model sits out, the lookup drafts them).
+STRONG = 4
 
 
 @dataclass
@@ -64,25 +68,33 @@ class LookupFirst:
     lookup: Drafter
     length: DraftLength
 
-    def available(self, context: Sequence[int], view: SlotView) -> int:
+    def available(self, context: Sequence[int], view: SlotView) -> Tuple[int, bool]:
         """Tokens the lookup has to draft after ``context`` (0: no match), up to
-        what its K object may ask of ``view``'s sequence."""
+        what its K object may ask of ``view``'s sequence, and whether its match
+        is STRONG (a lookup that does not say how long its match is: it is)."""
         cap = lookup_view(view, self.length.k_max).cap
-        return len(self.lookup.propose(context, cap).tokens) if cap > 0 else 0
+        if cap <= 0:
+            return 0, False
+        n = len(self.lookup.propose(context, cap).tokens)
+        return n, getattr(self.lookup, "matched", STRONG) >= STRONG
 
 
 def choose_turns(contexts: Sequence[Sequence[int]], views: Sequence[SlotView], drafter: Drafter,
                  lengths: Sequence[DraftLength], lookups: Sequence[Optional[LookupFirst]]) -> List[Turn]:
     """Each sequence's :class:`Turn` this round: its lookup's (``lookups[i]``)
-    if that has a match for ``contexts[i]`` and its K object gives K > 0, else
-    ``drafter``'s with ``lengths[i]``'s K (within ``views[i].cap``). Each K
+    if that has a STRONG match for ``contexts[i]`` and its K object gives K > 0,
+    else ``drafter``'s with ``lengths[i]``'s K (within ``views[i].cap``), or
+    where that is 0, the lookup's on a shorter match (its acceptance kept
+    apart, as regime ``+ " short"``). Each K
     object is asked once and shown the round's whole batch (a policy prices
     it: with a KV stream per slot, a longer draft can cost another pass): a
     lookup's, the sequences it has no match for as plain; the model's, those
     a lookup drafts for too, and it is not asked when the lookups draft for
     every one of its sequences."""
     turns: List[Optional[Turn]] = [None] * len(views)
-    have = [0 if look is None or v.cap <= 0 else look.available(c, v) for c, v, look in zip(contexts, views, lookups)]
+    got = [(0, False) if look is None or v.cap <= 0 else look.available(c, v)
+           for c, v, look in zip(contexts, views, lookups)]
+    have, weak = [n for n, _ in got], {}
     found = [i for i, n in enumerate(have) if n]
     for length, idx in _grouped(found, [lookups[i].length for i in found]):
         # Priced in the whole round: the others as plain, so a lookup's draft that costs the
@@ -90,13 +102,16 @@ def choose_turns(contexts: Sequence[Sequence[int]], views: Sequence[SlotView], d
         # what the lookup has would draft no more (and a policy weighing 32 Ks per sequence
         # takes a millisecond of a 35 ms round).
         matched = set(idx)
-        mine = [lookup_view(v, length.k_max) if i in matched else replace(v, cap=0, fixed=True)
-                for i, v in enumerate(views)]
+        mine = [replace(lookup_view(v, length.k_max), regime=v.regime + ("" if got[i][1] else " short"))
+                if i in matched else replace(v, cap=0, fixed=True) for i, v in enumerate(views)]
         asked = [replace(v, cap=min(v.cap, have[i])) if i in matched and length.auto else v
                  for i, v in enumerate(mine)]
         for i, k in enumerate(length.choose(asked)):
             if i in matched and k > 0:
-                turns[i] = Turn(lookups[i].lookup, length, k, mine[i])
+                if got[i][1]:
+                    turns[i] = Turn(lookups[i].lookup, length, k, mine[i])
+                else:
+                    weak[i] = Turn(lookups[i].lookup, length, k, mine[i])
     for length, idx in _grouped(range(len(views)), lengths):
         if all(turns[i] is not None for i in idx):
             continue  # every one of them drafts from its lookup: this K object is not asked
@@ -104,8 +119,9 @@ def choose_turns(contexts: Sequence[Sequence[int]], views: Sequence[SlotView], d
         # its batch whoever drafts for them, and a policy shown only the rest would price the
         # round as a smaller one (and a lone sequence's retries would fire inside a full batch).
         for i, k in zip(idx, length.choose([views[i] for i in idx])):
+            k = k if views[i].cap > 0 else 0
             if turns[i] is None:
-                turns[i] = Turn(drafter, length, k if views[i].cap > 0 else 0, views[i])
+                turns[i] = weak[i] if k == 0 and i in weak else Turn(drafter, length, k, views[i])
     return turns
 
 

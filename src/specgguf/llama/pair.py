@@ -131,11 +131,11 @@ class ModelPair:
         self.draft_model = None
         # A lookup of the context and earlier texts tried before the draft model, with its own K
         # (engine.lookup_first; with slots, one per slot, each with its share of the memory). It takes
-        # a round only on a match of 4 tokens or more: shorter ones (common phrases, in a memory of
-        # earlier texts) took rounds from the model where the model drafts better.
+        # a round on a match of lookup_first.STRONG tokens or more; on a shorter one only where the
+        # model would not draft (short ones, common phrases, took rounds the model drafts better).
         on = lookup if lookup is not None else not model_free
-        self.lookup = SuffixDrafter(lookup_memory, n_min=4) if on and self.slots == 1 else None
-        self.lookups = [SuffixDrafter(lookup_memory // self.slots, n_min=4) for _ in range(self.slots)] \
+        self.lookup = SuffixDrafter(lookup_memory) if on and self.slots == 1 else None
+        self.lookups = [SuffixDrafter(lookup_memory // self.slots) for _ in range(self.slots)] \
             if on and self.slots > 1 else None
         if model_free:  # one sequence's rounds: the lookup with a memory; shared rounds: the context's alone
             self.drafter = SuffixDrafter(lookup_memory) if self.slots == 1 else NgramDrafter()

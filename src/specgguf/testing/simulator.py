@@ -113,7 +113,7 @@ class RecordedLookup:
     model_free = True
 
     def __init__(self, call: Call, n_min: int = 2) -> None:
-        self.call, self.n_min, self.pos = call, n_min, 0
+        self.call, self.n_min, self.pos, self.matched = call, n_min, 0, 0
 
     def lag(self, context) -> int:
         return 0
@@ -121,6 +121,7 @@ class RecordedLookup:
     def propose(self, context, k: int, p_min=None) -> Draft:
         matched, have, _ = self.call.lookup[self.pos] if self.pos < len(self.call.lookup) else (0, 0, 0)
         n = min(k, have) if matched >= self.n_min else 0
+        self.matched = matched if n else 0
         return Draft([0] * n, onehot=True, stop="max" if n == k else "end", forwards=[])
 
     def accepted(self, k: int) -> int:
@@ -332,7 +333,7 @@ def replay_engine(trace: Trace, k, seed: int = 0, tuning: Tuning = Tuning()) -> 
 
 # How a user runs a pair, as (k, the lookup's shortest match or None): the draft model alone
 # (lookup=False), the lookup alone (draft="ngram"), both (the defaults).
-MODES = {"plain": (0, None), "model": ("auto", None), "lookup": (0, 2), "default": ("auto", 4)}
+MODES = {"plain": (0, None), "model": ("auto", None), "lookup": (0, 2), "default": ("auto", 2)}
 
 
 def by_workload(trace: Trace, seeds: Sequence[int] = (0, 1, 2), modes: dict = MODES) -> dict:
