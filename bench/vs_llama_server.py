@@ -73,10 +73,14 @@ def command(config: str, port: int, target: Path, draft: Path, args, n_slots: in
     if config.startswith("ls"):
         cmd = [args.llama_server, "-m", str(target), "-t", t, "-tb", t, "-c", str(args.ctx * n_slots),
                "-np", str(n_slots), "--host", "127.0.0.1", "--port", str(port), "--no-webui"]
-        if config == "ls-draft":
+        if config in ("ls-draft", "ls-draft-ngram"):
             cmd += ["-md", str(draft), "-td", t, "--spec-draft-n-max", str(args.draft_n_max)]
-        if config == "ls-ngram":  # llama.cpp's model-free n-gram draft
-            cmd += ["--spec-type", "ngram-mod", "--spec-draft-n-max", str(args.draft_n_max)]
+        if config in ("ls-ngram", "ls-draft-ngram"):  # llama.cpp's model-free n-gram draft
+            cmd += ["--spec-type", "ngram-mod"]
+        if config == "ls-ngram-cache":
+            cmd += ["--spec-type", "ngram-cache"]
+        if config in ("ls-ngram", "ls-ngram-cache"):
+            cmd += ["--spec-draft-n-max", str(getattr(args, "ngram_n_max", args.draft_n_max))]
         if getattr(args, "jinja", False):  # the GGUF's template, tools and all (bench/agent.py)
             cmd += ["--jinja"]
         if getattr(args, "chat_template_file", None):

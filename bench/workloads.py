@@ -14,7 +14,13 @@ written for the benchmark, the items picked with a fixed seed:
 
 Modes, each in fresh processes taken in turns (the default pair):
 ``plain`` (k=0), ``model`` (the draft model alone, k="auto"), ``lookup``
-(draft="ngram": the lookup alone), ``default`` (both, as a user gets them).
+(draft="ngram": the lookup alone), ``default`` (both, as a user gets them);
+and llama.cpp's llama-server built from the same llama.cpp
+(scripts/build_llama_server.sh), the same files, threads and context,
+through its chat completions on loopback: ``ls`` (no draft), ``ls-draft``
+(``-md``, --draft-n-max), ``ls-ngram`` (``--spec-type ngram-mod``),
+``ls-ngram-cache`` (``--spec-type ngram-cache``; both --ngram-n-max),
+``ls-draft-ngram`` (``-md`` with ngram-mod).
 Each request's tok/s is its completion tokens over its whole time (prompt
 included: what a user waits); the table gives medians per workload and
 mode, each mode's ratio to plain, the share of tokens each source gave, and
@@ -22,6 +28,7 @@ whether greedy texts were identical across modes (they must be).
 Regime: the models given on this machine, one request at a time.
 
     .venv/bin/python bench/workloads.py --items 3 --turns 2 --tokens 128
+    .venv/bin/python bench/workloads.py --modes plain,default,ls,ls-draft,ls-ngram,ls-ngram-cache,ls-draft-ngram
     .venv/bin/python bench/workloads.py --workload code-edit,doc-quote --temperature 0.8
 """
 
@@ -42,6 +49,46 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from specgguf.cli.workloads import REVISE, WORKLOADS, items  # noqa: E402
 
 MODES = ("plain", "model", "lookup", "default")
+SERVERS = ("ls", "ls-draft", "ls-ngram", "ls-ngram-cache", "ls-draft-ngram")  # llama-server's configurations
+
+
+def work(a: argparse.Namespace):
+    """``(workload, item, messages, extra)`` in order: the items of each workload."""
+    for workload in a.workload:
+        for i, (messages, extra) in enumerate(items(workload, a.items, a.seed)):
+            yield workload, i, messages, extra
+
+
+def server_rows(mode: str, a: argparse.Namespace) -> list:
+    """One fresh llama-server of configuration ``mode``: every item through its
+    chat completions (a second turn's first, untimed, from the same server)."""
+    import vs_llama_server as vs  # bench/vs_llama_server.py
+    from specgguf.llama import models
+    target = models.fetch(a.target or "smollm2-135m-f32")
+    draft = models.fetch(a.draft or "smollm2-135m-q4_1")
+    a.threads = a.threads or os.cpu_count()
+    rows = []
+    with vs.bench_client() as client, vs.fresh_server(mode, a, target, draft, client, 1) as url:
+        vs.request(client, url, "Hello!", 16, a.temperature, 7)  # warm-up: first-touch of the weights
+
+        def ask(messages, extra):
+            body = {"model": "m", "messages": messages, "max_tokens": a.tokens, "temperature": a.temperature,
+                    "seed": 1234, **extra}
+            t0 = time.perf_counter()
+            r = client.post(url + "/v1/chat/completions", json=body)
+            r.raise_for_status()
+            return r.json(), time.perf_counter() - t0
+
+        for workload, i, messages, extra in work(a):
+            if workload == "second-turn":
+                first, _ = ask(messages, {})
+                messages = messages + [first["choices"][0]["message"], {"role": "user", "content": REVISE}]
+            out, seconds = ask(messages, extra)
+            text = out["choices"][0]["message"].get("content") or ""
+            rows.append({"workload": workload, "item": i, "mode": mode, "seconds": seconds,
+                         "tokens": out["usage"]["completion_tokens"], "sources": None,
+                         "text": hashlib.sha256(text.encode()).hexdigest()[:16]})
+    return rows
 
 
 def worker(mode: str, a: argparse.Namespace) -> None:
@@ -57,26 +104,29 @@ def worker(mode: str, a: argparse.Namespace) -> None:
     settings = dict(max_tokens=a.tokens, temperature=a.temperature, k=k)
     if a.temperature > 0:
         settings["seed"] = 1234
-    for workload in a.workload:
-        for i, (messages, extra) in enumerate(items(workload, a.items, a.seed)):
-            if workload == "second-turn":  # the first turn, untimed, in the context as the user saw it
-                first = spec.create_chat_completion(messages, **settings)
-                messages = messages + [first["choices"][0]["message"], {"role": "user", "content": REVISE}]
-            t0 = time.perf_counter()
-            out = spec.create_chat_completion(messages, **settings, **extra)
-            seconds = time.perf_counter() - t0
-            text = out["choices"][0]["message"]["content"] or ""
-            print(json.dumps({"workload": workload, "item": i, "mode": mode, "seconds": seconds,
-                              "tokens": out["usage"]["completion_tokens"],
-                              "sources": out["speculation"].get("tokens_by_source"),
-                              "text": hashlib.sha256(text.encode()).hexdigest()[:16]}), flush=True)
+    for workload, i, messages, extra in work(a):
+        if workload == "second-turn":  # the first turn, untimed, in the context as the user saw it
+            first = spec.create_chat_completion(messages, **settings)
+            messages = messages + [first["choices"][0]["message"], {"role": "user", "content": REVISE}]
+        t0 = time.perf_counter()
+        out = spec.create_chat_completion(messages, **settings, **extra)
+        seconds = time.perf_counter() - t0
+        text = out["choices"][0]["message"]["content"] or ""
+        print(json.dumps({"workload": workload, "item": i, "mode": mode, "seconds": seconds,
+                          "tokens": out["usage"]["completion_tokens"],
+                          "sources": out["speculation"].get("tokens_by_source"),
+                          "text": hashlib.sha256(text.encode()).hexdigest()[:16]}), flush=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workload", type=lambda s: s.split(","), default=list(WORKLOADS),
                     help=f"which, comma-separated (default: all: {','.join(WORKLOADS)})")
-    ap.add_argument("--modes", type=lambda s: s.split(","), default=list(MODES), help="default: all")
+    ap.add_argument("--modes", type=lambda s: s.split(","), default=list(MODES),
+                    help=f"default: {','.join(MODES)}; llama-server's: {','.join(SERVERS)}")
+    ap.add_argument("--draft-n-max", type=int, default=4, help="llama-server -md's --spec-draft-n-max (4)")
+    ap.add_argument("--ngram-n-max", type=int, default=16, help="llama-server's n-gram drafts' n-max (16)")
+    ap.add_argument("--llama-server", help="llama-server binary (default: scripts/build_llama_server.sh)")
     ap.add_argument("--items", type=int, default=3, help="requests per workload (default %(default)s)")
     ap.add_argument("--turns", type=int, default=1, help="fresh processes per mode, in turns (default %(default)s)")
     ap.add_argument("--tokens", type=int, default=128, help="max tokens per answer (default %(default)s)")
@@ -88,17 +138,24 @@ def main() -> None:
     ap.add_argument("--draft")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     a = ap.parse_args()
-    bad = [w for w in a.workload if w not in WORKLOADS] + [m for m in a.modes if m not in MODES]
+    bad = [w for w in a.workload if w not in WORKLOADS] + [m for m in a.modes if m not in MODES + SERVERS]
     if bad:
         ap.error(f"unknown workload or mode: {', '.join(bad)}")
     if a.worker:
         return worker(a.worker, a)
     os.environ.setdefault("SPECGGUF_STATE", tempfile.mkdtemp(prefix="specgguf-bench-"))  # a new user's state
+    if any(m in SERVERS for m in a.modes) and not a.llama_server:
+        import vs_llama_server as vs
+        a.llama_server = vs.llama_server_binary()
     rows, t0 = [], time.time()
     argv = [a for a in sys.argv[1:]]
     for turn in range(a.turns):
         order = a.modes[turn % len(a.modes):] + a.modes[:turn % len(a.modes)]
         for mode in order:
+            if mode in SERVERS:
+                rows += server_rows(mode, a)
+                print(f"  turn {turn + 1}/{a.turns}, {mode} done ({time.time() - t0:.0f} s)", file=sys.stderr)
+                continue
             env = dict(os.environ, SPECGGUF_STATE=tempfile.mkdtemp(prefix="specgguf-bench-"))
             out = subprocess.run([sys.executable, __file__, *argv, "--worker", mode], env=env,
                                  capture_output=True, text=True)
@@ -124,8 +181,9 @@ def report(rows: list, a: argparse.Namespace) -> None:
             src = {s: sum((r["sources"] or {}).get(s, 0) for r in mine) for s in ("draft", "lookup")}
             total = sum(r["tokens"] for r in mine) or 1
             ratio = f" ({rate[m] / rate['plain']:.2f}x)" if "plain" in rate and m != "plain" else ""
-            cells.append(f"{rate[m]:.1f}{ratio} {100 * src['draft'] / total:.0f}%/{100 * src['lookup'] / total:.0f}%")
-            for r in mine:
+            shares = "" if m in SERVERS else f" {100 * src['draft'] / total:.0f}%/{100 * src['lookup'] / total:.0f}%"
+            cells.append(f"{rate[m]:.1f}{ratio}{shares}")
+            for r in mine if m not in SERVERS else []:  # llama-server's texts need not be specgguf's
                 texts.setdefault(r["item"], set()).add(r["text"])
         same = sum(len(v) == 1 for v in texts.values())
         print(f"| {w} | " + " | ".join(cells) + f" | {same}/{len(texts)} |")
