@@ -3,8 +3,9 @@
 With a lookup in front of the draft model (the default:
 :class:`~specgguf.ops.suffix.SuffixDrafter`; ``DraftModel(ngram=True)``:
 :class:`~specgguf.ops.ngram.NgramDrafter`) a round drafts from the lookup
-when the text so far has a match and the lookup's K is not 0; otherwise the
-draft model's K decides. The two
+when the text so far has a match of STRONG tokens or more and the lookup's K
+is not 0; otherwise the draft model's K decides, and where that is 0 a
+shorter match drafts. The two
 differ in everything a policy weighs: a lookup costs microseconds and never
 lags, and its acceptance follows how much the text copies; the model pays a
 forward per token and catches up on whatever the lookup drafted. Pooled in
@@ -107,11 +108,8 @@ def choose_turns(contexts: Sequence[Sequence[int]], views: Sequence[SlotView], d
         asked = [replace(v, cap=min(v.cap, have[i])) if i in matched and length.auto else v
                  for i, v in enumerate(mine)]
         for i, k in enumerate(length.choose(asked)):
-            if i in matched and k > 0:
-                if got[i][1]:
-                    turns[i] = Turn(lookups[i].lookup, length, k, mine[i])
-                else:
-                    weak[i] = Turn(lookups[i].lookup, length, k, mine[i])
+            if i in matched and k > 0:  # a short match's turn waits for the model's K
+                (turns if got[i][1] else weak)[i] = Turn(lookups[i].lookup, length, k, mine[i])
     for length, idx in _grouped(range(len(views)), lengths):
         if all(turns[i] is not None for i in idx):
             continue  # every one of them drafts from its lookup: this K object is not asked

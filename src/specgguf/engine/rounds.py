@@ -6,11 +6,13 @@ request in its slots, in a thread of its own. One round, read top to bottom
 in :meth:`Rounds.play`:
 
 1. each sequence's turn (:func:`~specgguf.engine.lookup_first.choose_turns`):
-   its lookup's, when that has a match and its K is not 0, else the draft's
-   with its K object's K; none while the target has the prompt to read
-   (``plain_first``: the first token comes at once). A prompt read while the
-   policy knows too little of the draft also measures the draft on it
-   (:func:`to_measure`);
+   its lookup's, when that has a long enough match and its K is not 0, else
+   the draft's with its K object's K (a lookup's shorter match where that is
+   0); none while the target has the prompt to read (``plain_first``: the
+   first token comes at once). A prompt read while the policy knows too
+   little of the draft also measures the draft on it (:func:`to_measure`);
+   before a long catch-up is first priced, a few draft batches are timed
+   (:meth:`Rounds._time_batches`);
 2. the drafter proposes for every drafting sequence at once (a GGUF model:
    one batched forward per draft position, the first also catching each one
    up), each lookup for its own;
