@@ -75,8 +75,10 @@ def command(config: str, port: int, target: Path, draft: Path, args, n_slots: in
                "-np", str(n_slots), "--host", "127.0.0.1", "--port", str(port), "--no-webui"]
         if config in ("ls-draft", "ls-draft-ngram"):
             cmd += ["-md", str(draft), "-td", t, "--spec-draft-n-max", str(args.draft_n_max)]
-        if config in ("ls-ngram", "ls-draft-ngram"):  # llama.cpp's model-free n-gram draft
+        if config == "ls-ngram":  # llama.cpp's model-free n-gram draft (its own n-min, n-max)
             cmd += ["--spec-type", "ngram-mod"]
+        if config == "ls-draft-ngram":  # the draft model and the n-gram draft together
+            cmd += ["--spec-type", "draft-simple,ngram-mod"]
         if config == "ls-ngram-cache":
             cmd += ["--spec-type", "ngram-cache"]
         if config in ("ls-ngram", "ls-ngram-cache"):

@@ -481,3 +481,21 @@ def test_a_long_catch_up_is_priced_on_timed_batches_not_on_a_guess():
     p.timed_draft([(1, 0.012), (31, 0.110)])
     assert p.batches_to_time(long) == ()
     assert p.costs.draft(345) == pytest.approx(0.110 + 314 * 0.098 / 30, rel=0.01)  # on the line through them
+
+
+def test_a_draft_timed_in_a_busy_spell_before_it_ever_drafted_is_tried_again():
+    """Its batches timed on a prompt's head while the machine was busy (3x),
+    a draft whose acceptance was never measured looked too slow to probe, and
+    was never run (nor timed) again: a process drafted nothing all day. A lone
+    sequence that has not drafted for ``retry`` rounds probes at a doubted
+    price, as a known draft retries, and the draft's timings are read anew."""
+    p = Policy(8)
+    view = SlotView("greedy", 8, draft_lag=2, remaining=1000)
+    p.round_done([view], [0], Measured(1, 0.025))
+    p.timed_draft([(1, 3 * 0.013), (31, 3 * 0.101)])  # timed busy: slower than the target
+    assert p.choose([view]) == [0] and not p.regime("greedy").known
+    ks = []
+    for _ in range(Tuning.retry + 1):
+        ks.append(p.choose([view])[0])
+        p.round_done([view], [ks[-1]], Measured(1 + ks[-1], 0.025))
+    assert ks[-1] > 0 and not p.costs.draft.s  # a probe, its timings dropped to be read again

@@ -117,7 +117,7 @@ class Policy:
         r = [self.regime(v.regime) for v in views][0]  # every regime seen from its first round
         if self.clock and not self.costs.target.s:
             return [v.cap if v.fixed else 0 for v in views]
-        lone = len(views) == 1 and not views[0].fixed and views[0].cap > 0 and r.known
+        lone = len(views) == 1 and not views[0].fixed and views[0].cap > 0
         if lone and r.idle >= r.wait and self.clock:
             for hope in (True, False):  # the draft may accept more now, or cost less than when timed
                 best, gain = self._best(views, optimistic=hope, doubt=not hope)
