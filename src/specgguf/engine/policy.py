@@ -176,9 +176,10 @@ class Policy:
         return best, rate * self.costs.seconds(steady, commons[0]) / max(1e-9, total(commons[0]))
 
     def _guessed_catchup(self, v: SlotView) -> bool:
-        """``v``'s catch-up is long and no draft forward near as long was timed yet
-        (where the rounds can time some: a draft of another tokenizer times its
-        first catch-up, priced on the guess)."""
+        """``v``'s catch-up is long (over 4x the ``batch_timing`` tokens: a chat
+        prompt's is not, and is priced on the guess as ever) and no draft forward
+        near as long was timed yet, where the rounds can time some (a draft of
+        another tokenizer cannot: it times its first catch-up, priced on the guess)."""
         longest, head = max(self.costs.draft.s, default=0), sum(self.t.batch_timing)
         return (self.can_time and self.clock and not self.costs.free and longest < max(self.t.batch_timing)
                 and 4 * head < v.draft_lag)
