@@ -64,8 +64,8 @@ def server_rows(mode: str, a: argparse.Namespace) -> list:
     chat completions (a second turn's first, untimed, from the same server)."""
     import vs_llama_server as vs  # bench/vs_llama_server.py
     from specgguf.llama import models
-    target = models.fetch(a.target or "smollm2-135m-f32")
-    draft = models.fetch(a.draft or "smollm2-135m-q4_1")
+    target = a.target or models.fetch("smollm2-135m-f32")  # as worker() takes them
+    draft = a.draft or models.fetch("smollm2-135m-q4_1")
     a.threads = a.threads or os.cpu_count()
     rows = []
     with vs.bench_client() as client, vs.fresh_server(mode, a, target, draft, client, 1) as url:

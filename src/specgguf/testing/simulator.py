@@ -194,10 +194,11 @@ def _round(call: Call, pos: int, view: SlotView, k: int, clock: _Clock) -> tuple
 
 
 def _run_call(call: Call, length: DraftLength, regime: str, clock: _Clock, evaluated: int = 0,
-              lookup: Optional[LookupFirst] = None) -> tuple:
+              lookup: Optional[LookupFirst] = None, alone: bool = False) -> tuple:
     """One call; returns (tokens, seconds, tokens the lookup gave). ``length``: its K object;
     ``lookup``: a :class:`RecordedLookup` of the call's and its K object, tried first as
-    the engine does (:func:`~specgguf.engine.lookup_first.next_turn`). Round 0 reads
+    the engine does (:func:`~specgguf.engine.lookup_first.next_turn`), or with ``alone``
+    the only drafter (``draft="ngram"``; then ``length`` is the lookup's). Round 0 reads
     the prompt; the draft, which has evaluated ``evaluated`` tokens of the context,
     catches up when it first drafts, reading back the skipped tokens
     (:class:`~specgguf.llama.adapter.SlotDrafter`)."""
@@ -209,13 +210,12 @@ def _run_call(call: Call, length: DraftLength, regime: str, clock: _Clock, evalu
                         remaining, after_miss)
         counts = length.batches_to_time(view)
         if counts:  # the draft's batches timed on the context's head, which it keeps (Rounds._time_batches)
-            forwards = [(n, clock.c.draft_cost(n)) for n in counts]
+            forwards = [(c, clock.c.draft_cost(c)) for c in counts]
             length.timed_draft(forwards)
             seconds, evaluated = seconds + sum(s for _, s in forwards), evaluated + sum(counts)
             view = replace(view, draft_lag=context - evaluated)
         if lookup is not None:
             lookup.lookup.pos = pos
-        alone = getattr(lookup, "alone", False)  # the lookup is the drafter: no model behind it
         turn = next_turn([], view, lookup.lookup if alone else _MODEL, length, None if alone else lookup)
         kk = turn.k
         if turn.drafter is _MODEL:
@@ -266,19 +266,18 @@ def _decoder_call(call: Call, k, learning: Learning, config: GenerationConfig, c
     length = learning.length(replace(config, k=k))
     length.batches_to_time(view)  # asked first, as the rounds do (nothing to time before the target is)
     if length.auto and length.worth_measuring(view):
-        read = call.prompt - 1 - evaluated  # the draft reads the prompt, and its forward is timed
-        length.timed_draft([(read, clock.c.draft_cost(read))])
-        seconds, evaluated = seconds + clock.c.draft_cost(read), call.prompt - 1
+        seconds, evaluated = clock.c.draft_cost(call.prompt - 1), call.prompt - 1
+        length.timed_draft([(evaluated, seconds)])  # the draft read the prompt: its forward is timed
         got = _prompt_measure(call)
         if got is not None:
             length.measured(config.regime, *got)
     front = None
     if lookup is not None and call.lookup is not None:
         front = LookupFirst(RecordedLookup(call, lookup), learning.lookup_length(replace(config, k="auto")))
-    if front is not None and not length.auto and length.k_max == 0:  # the lookup alone (draft="ngram")
+    alone = front is not None and not length.auto and length.k_max == 0  # the lookup alone (draft="ngram")
+    if alone:
         length, front = learning.lookup, LookupFirst(front.lookup, learning.lookup)
-        front.alone = True
-    tokens, spent, looked = _run_call(call, length, config.regime, clock, evaluated=evaluated, lookup=front)
+    tokens, spent, looked = _run_call(call, length, config.regime, clock, evaluated, front, alone)
     learning.finish(length, config)
     return tokens, seconds + spent, looked
 
