@@ -15,7 +15,9 @@ With --workloads, the traces recorded on real work with the lookup
 (tests/data/workloads_*.json, bench/record_trace.py --workload): per
 workload, each way a user runs the pair (the draft model alone, the lookup
 alone, both: the defaults) against plain decoding, replayed in one process
-as bench/workloads.py runs them.
+as bench/workloads.py runs them, and the ceiling in hindsight
+(simulator.hindsight: no rejected draft, no catch-up) of the lookup alone
+and of both.
 
 With --ablate, each of the policy's numbers (engine.policy.Tuning) set to
 the value that turns its feature off, or to a neighbour: the worst change,
@@ -74,10 +76,15 @@ def workloads(seeds) -> None:
     for path in sorted(DATA.glob("workloads_*.json")):
         trace = simulator.load_trace(path)
         print(f"{trace.name}: tokens/s over plain decoding's, median over {len(seeds)} seeds\n")
-        print("| workload | " + " | ".join(modes) + " |")
-        print("|---|" + "---|" * len(modes))
+        print("| workload | " + " | ".join(modes) + " | ceiling in hindsight: lookup alone | both |")
+        print("|---|" + "---|" * (len(modes) + 2))
         for w, got in simulator.by_workload(trace, seeds).items():
-            print(f"| {w} | " + " | ".join(f"{statistics.median(got[m]):.2f}x" for m in modes) + " |", flush=True)
+            calls = [c for c in trace.calls if c.workload == w]
+            plain = sum(simulator.hindsight(c, trace.costs, model=False, lookup=None) for c in calls)
+            ceilings = [plain / sum(simulator.hindsight(c, trace.costs, model=m) for c in calls)
+                        for m in (False, True)]
+            print(f"| {w} | " + " | ".join(f"{statistics.median(got[m]):.2f}x" for m in modes) +
+                  "".join(f" | {x:.2f}x" for x in ceilings) + " |", flush=True)
 
 
 def main() -> None:

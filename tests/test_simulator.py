@@ -4,6 +4,7 @@ The simulator drives the real Learning and Policy (with a private store),
 so these tests judge the shipped policy without any model running.
 """
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -125,3 +126,23 @@ def test_the_defaults_on_real_work_keep_the_better_of_their_two_drafts():
         mid = {m: np.median(v) for m, v in got.items()}
         assert mid["default"] >= 0.98, (workload, mid)
         assert mid["default"] >= 0.95 * max(mid["model"], mid["lookup"]), (workload, mid)
+
+
+def test_the_ceiling_in_hindsight_is_plain_decoding_without_drafts_and_bounds_every_k():
+    """simulator.hindsight: with nothing to draft it is plain decoding's time;
+    a draft that agrees everywhere drafts AUTO_K_MAX a round (the drafter's forwards
+    priced as steady ones); and no fixed K, replayed without noise, beats it
+    on the real work recorded here (the lookup's proposals and the model's)."""
+    call = Call(prompt=5, agree=[True] * 19)
+    plain = QUIET.target_cost(5) + 18 * (QUIET.target_cost(1) + QUIET.other)
+    assert simulator.hindsight(call, QUIET, model=False, lookup=None) == pytest.approx(plain)
+    # the prompt's round emits 1 token, then two rounds of K = 8 (AUTO_K_MAX) emit 9 each
+    rounds = QUIET.target_cost(5) + 2 * (QUIET.draft_cost(2) + 7 * QUIET.draft_cost(1) + QUIET.target_cost(9))
+    assert simulator.hindsight(call, QUIET) == pytest.approx(rounds)
+    trace = simulator.load_trace(DATA / "workloads_here.json")
+    quiet = Trace(trace.name, replace(trace.costs, noise=0.0), trace.calls)
+    tokens = sum(c.n for c in trace.calls)
+    best = tokens / sum(simulator.hindsight(c, quiet.costs) for c in trace.calls)
+    for k in (0, 4, 16):
+        for lookup in (None, 2):
+            assert simulator.replay(quiet, k, lookup=lookup) <= best

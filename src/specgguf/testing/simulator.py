@@ -353,6 +353,36 @@ def by_workload(trace: Trace, seeds: Sequence[int] = (0, 1, 2), modes: dict = MO
     return out
 
 
+def hindsight(call: Call, c: Costs, model: bool = True, lookup: Optional[int] = 2) -> float:
+    """Seconds of ``call``'s fastest schedule in hindsight, without noise: the
+    ceiling no draft-length rule can pass with these drafts at these costs.
+    Round 0 reads the prompt; then each round, from where the text stands,
+    the best of: plain decoding; the lookup's recorded proposal (a match of
+    ``lookup`` or more tokens; None: no lookup) cut to the tokens of it the
+    text keeps; the draft model (``model``) drafting exactly its run of
+    agreements (at most AUTO_K_MAX, as k="auto" may), each forward priced as a
+    steady round's and no catch-up ever
+    paid. Nothing is drafted that is rejected: an upper bound, not a policy."""
+    n, other = call.n, c.other
+    best = [math.inf] * (n + 2)
+    best[1] = c.target_cost(max(1, call.prompt)) + other  # the prompt's round emits the first token
+    for pos in range(1, n):
+        if best[pos] == math.inf:
+            continue
+        runs = {0: 0}  # draft tokens kept -> the cheapest drafter's own seconds for them
+        if lookup is not None and call.lookup and pos < len(call.lookup):
+            matched, have, right = call.lookup[pos]
+            for k in range(1, min(have, right) + 1) if matched >= lookup else ():
+                runs[k] = 0.0
+        if model:
+            for k in range(1, _accepted(call, pos, AUTO_K_MAX) + 1):
+                runs.setdefault(k, c.draft_cost(2) + (k - 1) * c.draft_cost(1))
+        for k, drafter in runs.items():
+            end = min(n, pos + k + 1)
+            best[end] = min(best[end], best[pos] + drafter + c.target_cost(1 + k) + other)
+    return best[n]
+
+
 def oracle(trace: Trace, seed: int = 0, ks: Sequence[int] = tuple(range(AUTO_K_MAX + 1)), run=None) -> tuple:
     """(best fixed K, its tokens per second) in hindsight, on the same noise;
     ``run``: :func:`replay` (default) or :func:`replay_engine`."""
