@@ -112,7 +112,7 @@ def main() -> None:
             print(f"| {t.name} | {statistics.median(r['vs_oracle']):.3f} (min {min(r['vs_oracle']):.3f}) | "
                   f"{statistics.median(r['best_k'])} | {statistics.median(r['vs_plain']):.3f} |", flush=True)
         return
-    print(f"| trace | k=auto / oracle (fresh) | best fixed K | k=auto / plain | k=auto / oracle (poisoned state) |")
+    print("| trace | k=auto / oracle (fresh) | best fixed K | k=auto / plain | k=auto / oracle (poisoned state) |")
     print("|---|---|---|---|---|")
     for t in traces:
         fresh = simulator.score(t, seeds)

@@ -9,6 +9,9 @@ context per slot, on loopback. Configurations:
   llama-server -md        the same draft model, --spec-draft-n-max N
   specgguf serve          its defaults (k="auto"), a fresh state folder per process
   specgguf serve -k 0     plain decoding through specgguf
+  sg-k0-again             a second -k 0 process: the control, whose paired
+                          ratio to sg-k0 is the spread between identical
+                          processes in that sitting
 
 Both servers get as many slots as the most clients measured (-np N,
 --parallel N), each slot --ctx tokens.
@@ -70,6 +73,7 @@ def llama_server_binary() -> str:
 def command(config: str, port: int, target: Path, draft: Path, args, n_slots: int) -> list:
     """The command line of one configuration, listening on 127.0.0.1:port."""
     t = str(args.threads)
+    config = "sg-k0" if config == "sg-k0-again" else config  # the control: identical to sg-k0
     if config.startswith("ls"):
         cmd = [args.llama_server, "-m", str(target), "-t", t, "-tb", t, "-c", str(args.ctx * n_slots),
                "-np", str(n_slots), "--host", "127.0.0.1", "--port", str(port), "--no-webui"]
@@ -88,10 +92,13 @@ def command(config: str, port: int, target: Path, draft: Path, args, n_slots: in
         if getattr(args, "chat_template_file", None):
             cmd += ["--chat-template-file", args.chat_template_file]
         return cmd
-    cmd = [sys.executable, "-m", "specgguf", "serve", "--target", str(target), "--draft", str(draft),
+    cmd = [sys.executable, "-m", "specgguf", "serve", "--target", str(target),
+           "--draft", "ngram" if config == "sg-lookup" else str(draft),  # sg-lookup: the lookup alone
            "--threads", t, "--ctx", str(args.ctx), "--port", str(port), "--parallel", str(n_slots)]
     if getattr(args, "chat_template_file", None):
         cmd += ["--chat-template-file", args.chat_template_file]
+    if config == "sg-model":  # the draft model alone
+        cmd += ["--no-lookup"]
     return cmd + (["-k", "0"] if config == "sg-k0" else [])
 
 
@@ -208,7 +215,8 @@ def stop(proc: subprocess.Popen) -> None:
 def config_names(args) -> dict:
     """Each configuration's name in the tables."""
     return {"ls": "llama-server, no draft", "ls-draft": f"llama-server -md, n-max {args.draft_n_max}",
-            "sg": "specgguf serve (defaults, fresh state)", "sg-k0": "specgguf serve -k 0"}
+            "sg": "specgguf serve (defaults, fresh state)", "sg-k0": "specgguf serve -k 0",
+            "sg-k0-again": "specgguf serve -k 0, a second process (the control)"}
 
 
 def paired(runs: list, cfg: str, base: str, key) -> str:
@@ -286,7 +294,7 @@ def common_setup(ap: argparse.ArgumentParser, args) -> tuple:
     """Checked options, and the (target, draft) files; builds llama-server when needed."""
     args.temps = [float(t) for t in args.temps.split(",")]
     args.configs = [c for c in args.configs.split(",") if c]
-    if unknown := set(args.configs) - {"ls", "ls-draft", "sg", "sg-k0"}:
+    if unknown := set(args.configs) - {"ls", "ls-draft", "sg", "sg-k0", "sg-k0-again"}:
         ap.error(f"unknown configurations: {sorted(unknown)}")
     from specgguf.llama import models
     tname, dname = models.default_pair()

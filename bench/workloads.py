@@ -25,11 +25,16 @@ Each request's tok/s is its completion tokens over its whole time (prompt
 included: what a user waits); the table gives medians per workload and
 mode, each mode's ratio to plain, the share of tokens each source gave, and
 whether greedy texts were identical across modes (they must be).
-Regime: the models given on this machine, one request at a time.
+Regime: the models given on this machine, one request at a time; with
+``--clients N``, N at once, and then every mode runs as a server with N
+slots (specgguf's as ``specgguf serve --parallel N``: ``plain`` is ``-k 0``,
+``model`` ``--no-lookup``, ``lookup`` ``--draft ngram``), the speed being
+each workload's completion tokens over the wall time of all its requests.
 
     .venv/bin/python bench/workloads.py --items 3 --turns 2 --tokens 128
     .venv/bin/python bench/workloads.py --modes plain,default,ls,ls-draft,ls-ngram,ls-ngram-cache,ls-draft-ngram
     .venv/bin/python bench/workloads.py --workload code-edit,doc-quote --temperature 0.8
+    .venv/bin/python bench/workloads.py --clients 4 --items 8 --modes plain,default,ls,ls-ngram
 """
 
 from __future__ import annotations
@@ -59,16 +64,26 @@ def work(a: argparse.Namespace):
             yield workload, i, messages, extra
 
 
+SERVED = {"plain": "sg-k0", "model": "sg-model", "lookup": "sg-lookup", "default": "sg"}  # with --clients > 1
+
+
 def server_rows(mode: str, a: argparse.Namespace) -> list:
-    """One fresh llama-server of configuration ``mode``: every item through its
-    chat completions (a second turn's first, untimed, from the same server)."""
+    """One fresh server of configuration ``mode`` (llama-server's, or with
+    --clients > 1 ``specgguf serve --parallel N``): each workload's items
+    through its chat completions, ``a.clients`` at once (a second turn's
+    first, untimed, from the same server). One row per request, and per
+    workload one ``wall`` row: the seconds from its first request to its last
+    answer, what aggregate tok/s is taken over."""
+    import concurrent.futures as cf
+
     import vs_llama_server as vs  # bench/vs_llama_server.py
     from specgguf.llama import models
     target = a.target or models.fetch("smollm2-135m-f32")  # as worker() takes them
     draft = a.draft or models.fetch("smollm2-135m-q4_1")
     a.threads = a.threads or os.cpu_count()
     rows = []
-    with vs.bench_client() as client, vs.fresh_server(mode, a, target, draft, client, 1) as url:
+    with vs.bench_client() as client, \
+            vs.fresh_server(SERVED.get(mode, mode), a, target, draft, client, a.clients) as url:
         vs.request(client, url, "Hello!", 16, a.temperature, 7)  # warm-up: first-touch of the weights
 
         def ask(messages, extra):
@@ -79,15 +94,28 @@ def server_rows(mode: str, a: argparse.Namespace) -> list:
             r.raise_for_status()
             return r.json(), time.perf_counter() - t0
 
-        for workload, i, messages, extra in work(a):
+        def answer(job):
+            workload, i, messages, extra = job
             if workload == "second-turn":
                 first, _ = ask(messages, {})
                 messages = messages + [first["choices"][0]["message"], {"role": "user", "content": REVISE}]
+            return workload, i, messages, extra
+
+        def timed(job):
+            workload, i, messages, extra = job
             out, seconds = ask(messages, extra)
             text = out["choices"][0]["message"].get("content") or ""
-            rows.append({"workload": workload, "item": i, "mode": mode, "seconds": seconds,
-                         "tokens": out["usage"]["completion_tokens"], "sources": None,
-                         "text": hashlib.sha256(text.encode()).hexdigest()[:16]})
+            return {"workload": workload, "item": i, "mode": mode, "seconds": seconds,
+                    "tokens": out["usage"]["completion_tokens"],
+                    "sources": (out.get("speculation") or {}).get("tokens_by_source"),
+                    "text": hashlib.sha256(text.encode()).hexdigest()[:16]}
+
+        with cf.ThreadPoolExecutor(a.clients) as pool:
+            for workload in a.workload:
+                jobs = list(pool.map(answer, [j for j in work(a) if j[0] == workload]))
+                t0 = time.perf_counter()
+                rows += list(pool.map(timed, jobs))
+                rows.append({"workload": workload, "mode": mode, "wall": time.perf_counter() - t0})
     return rows
 
 
@@ -128,6 +156,9 @@ def main() -> None:
     ap.add_argument("--ngram-n-max", type=int, default=16, help="llama-server's n-gram drafts' n-max (16)")
     ap.add_argument("--llama-server", help="llama-server binary (default: scripts/build_llama_server.sh)")
     ap.add_argument("--items", type=int, default=3, help="requests per workload (default %(default)s)")
+    ap.add_argument("--clients", type=int, default=1,
+                    help="requests at once (default 1: specgguf in process; more: every mode as a server "
+                         "with that many slots, specgguf's through `specgguf serve --parallel N`)")
     ap.add_argument("--turns", type=int, default=1, help="fresh processes per mode, in turns (default %(default)s)")
     ap.add_argument("--tokens", type=int, default=128, help="max tokens per answer (default %(default)s)")
     ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); else seeded sampling")
@@ -152,32 +183,45 @@ def main() -> None:
     for turn in range(a.turns):
         order = a.modes[turn % len(a.modes):] + a.modes[:turn % len(a.modes)]
         for mode in order:
-            if mode in SERVERS:
-                rows += server_rows(mode, a)
-                print(f"  turn {turn + 1}/{a.turns}, {mode} done ({time.time() - t0:.0f} s)", file=sys.stderr)
-                continue
-            env = dict(os.environ, SPECGGUF_STATE=tempfile.mkdtemp(prefix="specgguf-bench-"))
-            out = subprocess.run([sys.executable, __file__, *argv, "--worker", mode], env=env,
-                                 capture_output=True, text=True)
-            if out.returncode:
-                sys.exit(f"{mode} failed:\n{out.stderr[-2000:]}")
-            rows += [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+            if mode in SERVERS or a.clients > 1:
+                new = server_rows(mode, a)
+            else:
+                env = dict(os.environ, SPECGGUF_STATE=tempfile.mkdtemp(prefix="specgguf-bench-"))
+                out = subprocess.run([sys.executable, __file__, *argv, "--worker", mode], env=env,
+                                     capture_output=True, text=True)
+                if out.returncode:
+                    sys.exit(f"{mode} failed:\n{out.stderr[-2000:]}")
+                new = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+            rows += [dict(r, turn=turn) for r in new]
             print(f"  turn {turn + 1}/{a.turns}, {mode} done ({time.time() - t0:.0f} s)", file=sys.stderr)
     report(rows, a)
 
 
+def tok_s(rows: list, w: str, m: str) -> float:
+    """Mode m's speed on workload w: with several clients, each turn's
+    completion tokens over its wall time, median over turns; else the median
+    of each request's tok/s."""
+    mine = [r for r in rows if r["workload"] == w and r["mode"] == m]
+    walls = [r for r in mine if "wall" in r]
+    if walls:
+        return statistics.median(sum(r.get("tokens", 0) for r in mine if r["turn"] == x["turn"]) / x["wall"]
+                                 for x in walls)
+    return statistics.median(r["tokens"] / r["seconds"] for r in mine)
+
+
 def report(rows: list, a: argparse.Namespace) -> None:
     mode_name = "greedy" if a.temperature == 0 else f"T={a.temperature} seeded"
-    print(f"# workloads: {a.items} requests each, up to {a.tokens} tokens, {mode_name}, {a.turns} turn(s); "
-          "tok/s median (ratio to plain); tokens from draft/lookup")
+    load = "one at a time: tok/s median per request" if a.clients == 1 else \
+        f"{a.clients} clients at once: aggregate tok/s, median over turns"
+    print(f"# workloads: {a.items} requests each, up to {a.tokens} tokens, {mode_name}, {a.turns} turn(s), "
+          f"{load} (ratio to plain); tokens from draft/lookup")
     print("| workload | " + " | ".join(a.modes) + " | identical texts |")
     print("|---|" + "---|" * (len(a.modes) + 1))
     for w in a.workload:
         cells, texts = [], {}
-        rate = {m: statistics.median([r["tokens"] / r["seconds"] for r in rows if r["workload"] == w and
-                                      r["mode"] == m]) for m in a.modes}
+        rate = {m: tok_s(rows, w, m) for m in a.modes}
         for m in a.modes:
-            mine = [r for r in rows if r["workload"] == w and r["mode"] == m]
+            mine = [r for r in rows if r["workload"] == w and r["mode"] == m and "tokens" in r]
             src = {s: sum((r["sources"] or {}).get(s, 0) for r in mine) for s in ("draft", "lookup")}
             total = sum(r["tokens"] for r in mine) or 1
             ratio = f" ({rate[m] / rate['plain']:.2f}x)" if "plain" in rate and m != "plain" else ""

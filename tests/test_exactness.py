@@ -14,7 +14,6 @@ slots with concurrent requests.
 
 import threading
 
-import numpy as np
 import pytest
 
 pytest.importorskip("llama_cpp")
