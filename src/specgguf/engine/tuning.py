@@ -2,7 +2,7 @@
 
 Each was kept because the offline simulator (``bench/simulate.py --ablate``)
 loses more than 0.01 of its speed on some trace without it, or because a test
-holds a case the traces do not (BENCHMARKS.md, "k=auto in the offline
+holds a case the traces do not (BENCHMARKS.md, "`k="auto"` in the offline
 simulator", says what each is worth).
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Tuning:
-    """The policy's numbers (BENCHMARKS.md, "How k=auto was chosen": what each is worth)."""
+    """The policy's numbers (what each is worth: the module's docstring)."""
 
     decay: float = 0.95        # acceptance counts kept per round with verdicts: a memory of ~20 rounds
     shrink: float = 8.0        # a position's rate is pulled to the overall one by this many observations
