@@ -412,8 +412,9 @@ def test_a_scan_prices_each_k_as_a_call_does_and_as_the_formula_says():
 
 def formula(costs, views, ks, doubt):
     """Costs.seconds written out: the target's passes, the draft's first forward over each drafting
-    sequence's steady lag, one forward per further position, each catch-up over the tokens left."""
-    t = costs.target(max(1, sum(v.target_lag for v in views) + sum(ks)))
+    sequence's steady lag, one forward per further position, each catch-up over the tokens left;
+    past the largest count timed the target's forward is flat for a lone sequence only."""
+    t = costs.target(max(1, sum(v.target_lag for v in views) + sum(ks)), len(views) == 1)
     t += (costs.passes(views, ks) - 1) * costs.target(1)
     drafting = [(v, k) for v, k in zip(views, ks) if k]
     if not drafting:
@@ -499,3 +500,22 @@ def test_a_draft_timed_in_a_busy_spell_before_it_ever_drafted_is_tried_again():
         ks.append(p.choose([view])[0])
         p.round_done([view], [ks[-1]], Measured(1 + ks[-1], 0.025))
     assert ks[-1] > 0 and not p.costs.draft.s  # a probe, its timings dropped to be read again
+
+
+def test_beside_other_sequences_no_forward_is_priced_hopefully_and_every_round_is_timed():
+    """Past the largest count timed, a lone sequence's target forward is priced
+    flat (hopeful: the round that tries it times it); beside others it rises at
+    the slope guessed (a failed hope is paid by every slot). A round of several
+    passes (a KV stream per slot) is timed too, as priced: one pass over its
+    tokens and a token's per further pass; left untimed, its hopeful price was
+    never corrected."""
+    p = Policy(passes=lambda counts: 2 if max(n for _, n in counts) > 5 else 1)
+    _timed(p, lambda n: 0.02 + 0.002 * n, lambda n: 0.005 * n)  # one sequence, counts 1..9
+    c, nine = p.costs, p.costs.target(9)
+    assert c.target(20) == pytest.approx(nine)
+    assert c.target(20, False) == pytest.approx(nine * (1 + p.t.slope_guess * 11))
+    four = [SlotView("greedy", 8, draft_lag=1, slot=i, remaining=100) for i in range(4)]
+    assert c.seconds(four, [4, 4, 4, 4]) > c.seconds(four[:1], [4]) + c.target(20, False) - c.target(5)
+    one = c.target(1)
+    p.round_done(four, [5, 5, 5, 5], Measured(24, 0.3, [], 24, 0.0))  # 6 tokens a slot: two passes
+    assert c.target(24) == pytest.approx(0.3 - one) and c.target(24, False) == pytest.approx(0.3 - one)

@@ -52,8 +52,9 @@ class Measured:
 class Timed:
     """Seconds of a forward by its tokens as timed here: a shape per count
     (between two counts timed, on the line between them; past the largest, the
-    last secant, or ``flat``; below the smallest, in proportion; hopeful, so
-    that one round times it) times the machine's speed, ``pace[0]``, which
+    last secant, or ``flat`` where the caller hopes, so that one round times it,
+    else rising at ``slope`` of its price per token; below the smallest, in
+    proportion) times the machine's speed, ``pace[0]``, which
     every reading moves, so that a busy spell seen in the counts a round runs
     reprices those it does not. Not a line: one token runs other kernels and
     2 -> 9 tokens is concave, so a line prices K = 8 too dear ever to try."""
@@ -87,26 +88,27 @@ class Timed:
         for i in range(len(self._counts) - 1, -1, -1):
             self._least_from[i] = min(self._least_from[i + 1], self.s[self._counts[i]])
 
-    def __call__(self, n: int) -> float:
-        """Seconds of a forward over ``n`` tokens: at most ``spike`` times a longer
+    def __call__(self, n: int, hope: bool = True) -> float:
+        """Seconds of a forward over ``n`` tokens (``hope``: flat past the largest
+        count timed, if this is ``flat``): at most ``spike`` times a longer
         one's as timed (a one-token forward timed in a busy spell, never timed
         again while every round drafted, once made drafting look 49x faster
         than plain decoding; noise alone never reads a shorter forward 1.5x a longer)."""
         if n <= 0:
             return 0.0
-        got = self._memo.get(n)
+        got = self._memo.get((n, hope))
         if got is None:
-            got = self._memo[n] = self._price(n)
+            got = self._memo[(n, hope)] = self._price(n, hope)
         return self.pace[0] * got
 
-    def _price(self, n: int) -> float:
+    def _price(self, n: int, hope: bool = True) -> float:
         """:meth:`__call__` at a pace of 1."""
         if not self.s:  # nothing timed (or a policy blind to the clock): a unit, at the slope guessed
             return 1 + self.slope * (n - 1)
         i = bisect_right(self._counts, n)  # counts[:i] <= n < counts[i:]
-        return min(self._shape(n, i), self.spike * self._least_from[i])
+        return min(self._shape(n, i, hope), self.spike * self._least_from[i])
 
-    def _shape(self, n: int, i: int) -> float:
+    def _shape(self, n: int, i: int, hope: bool) -> float:
         counts, s = self._counts, self.s
         if not i:  # below the smallest count timed
             return s[counts[0]] * n / counts[0]
@@ -114,7 +116,7 @@ class Timed:
         if lo == n:
             return s[n]
         if i == len(counts):  # past the largest
-            if len(counts) == 1:
+            if len(counts) == 1 or (self.flat and not hope):
                 return s[lo] * (1 + self.slope * (n - lo))
             a, b = counts[-2], counts[-1]
             return s[b] + (0.0 if self.flat else max(0.0, (s[b] - s[a]) / (b - a)) * (n - b))
@@ -144,8 +146,14 @@ class Costs:
         self._passes: dict = {}  # count_passes' answers: a function of the counts alone
 
     def observe(self, m: Measured, prompt: bool, passes: int) -> None:
-        if not prompt and passes == 1 and m.target_tokens > 0:  # nor does a prompt's, several passes', none
-            self.target.observe(m.target_tokens, m.target_seconds + m.rest_seconds)
+        # A round of several passes is priced as one pass over all its tokens and one token's per
+        # further pass, so that share is what it took less those: left untimed, the price past the
+        # largest count timed stayed hopeful for good, and lookups went on drafting long beside
+        # other slots at a fraction of their price. (A prompt's round reads other kernels; before
+        # anything is timed a token's price is a unit, not seconds.)
+        seconds = m.target_seconds + m.rest_seconds - (passes - 1) * self.target(1)
+        if not prompt and m.target_tokens > 0 and (passes == 1 or self.target.s) and seconds > 0:
+            self.target.observe(m.target_tokens, seconds)
         for n, seconds, _ in m.draft_forwards:
             self.draft.observe(n, seconds)
 
@@ -192,6 +200,11 @@ class Pricer:
                  per_round: Optional[Sequence[bool]] = None) -> None:
         self.costs, self.views, self.known = costs, views, {}
         self.lag = sum(v.target_lag for v in views)
+        # A forward longer than any timed is priced hopefully (flat) for a lone sequence only:
+        # beside others a failed hope is paid by every slot of the round, and the round that
+        # tries it may carry the draft's catch-up on every slot's prompt (BENCHMARKS.md,
+        # "one to eight users").
+        self.hope = len(views) == 1
         self.steady = [min(max(1, v.draft_lag), costs.steady) for v in views]
         # draft[n]: one draft forward over n tokens (draft[0] = 0: no forward)
         self.draft = [costs.draft_forward(n, doubt) for n in range(max(sum(self.steady), len(views)) + 2)]
@@ -207,7 +220,7 @@ class Pricer:
         got = self.known.get(ks)
         if got is None:
             c, draft = self.costs, self.draft
-            got = c.target(max(1, self.lag + sum(ks))) + (c.passes(self.views, ks) - 1) * c.target(1)
+            got = c.target(max(1, self.lag + sum(ks)), self.hope) + (c.passes(self.views, ks) - 1) * c.target(1)
             drafting = sorted(k for k in ks if k)
             if drafting:
                 got += draft[sum(s for s, k in zip(self.steady, ks) if k)]
@@ -239,7 +252,7 @@ class Pricer:
                 n = deep[k] if k < len(deep) else 0
                 further += draft[n + 1] - draft[n]
             counts[i] = k
-            t = c.target(max(1, self.lag + held + k)) + (c.passes(self.views, counts) - 1) * c.target(1)
+            t = c.target(max(1, self.lag + held + k), self.hope) + (c.passes(self.views, counts) - 1) * c.target(1)
             mine = (self.steady[i], self.catchup[i]) if k else (0, 0.0)
             out.append(t + draft[first + mine[0]] + further + catch + mine[1])
         return out
