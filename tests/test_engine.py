@@ -86,7 +86,7 @@ def test_parallel_is_checked_where_it_is_given(session_state):
 def test_requests_together_equal_each_alone(pairs, settings):
     many, one = pairs
     prompts = [chat(p) for p in MORE]
-    kw = dict(max_tokens=48, **settings)
+    kw = dict(max_tokens=32, **settings)
     alone = [one.generate(p, **kw) for p in prompts]
     together = many.generate_many(prompts, **kw)  # 4 prompts over 3 slots: one waits for a free slot
     fixed = many.generate_many(prompts, k=2, **kw)  # and at a fixed K
