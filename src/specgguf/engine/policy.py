@@ -138,16 +138,16 @@ class Policy:
         for v in views:
             probe = not v.fixed and not self.regime(v.regime).known
             guessed = not (v.fixed or doubt) and self._guessed_catchup(v)  # a retry doubts every timing
-            v = replace(v, cap=0 if guessed else v.cap)
+            cap = 0 if guessed else v.cap
             if probe:
-                v = replace(v, cap=0 if v.regime in first else min(v.cap, self.t.probe_k))
+                cap = 0 if v.regime in first else min(cap, self.t.probe_k)
                 first.add(v.regime)
             if probe or optimistic:  # what may find nothing pays its catch-up back over fewer tokens (what
                 # it learns serves later sequences too: over the budget, not this one's expected length)
-                v = replace(v, remaining=max(1, round((v.remaining or self.t.unknown_left) * self.t.odds)))
+                left = max(1, round((v.remaining or self.t.unknown_left) * self.t.odds))
             else:
-                v = replace(v, remaining=self.left(v))
-            capped.append(v)
+                left = self.left(v)
+            capped.append(replace(v, cap=cap, remaining=left))
             explore.append(probe or optimistic)
         gains = [expected_tokens(v.cap, [0.99] * v.cap) if hope else self.regimes[v.regime].gains(v, optimistic)
                  for v in capped]
