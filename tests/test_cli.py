@@ -167,6 +167,7 @@ def test_bench_measures_each_k_and_recommends_the_fastest(tmp_path, private_stat
     assert (f"-k {best} " in line) if best != "0" else ("no drafting" in line)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "bench: 8/8 generations" in r.stderr  # progress (4 configurations x 2 prompts), to the end
+    assert "the draft model alone" in r.stderr  # K is the model's: no lookup in front replays earlier turns
     assert not any(private_state.iterdir())  # its learning went to a temporary folder
     for args, msg in ((["--ks", "0,x"], "--ks"), (["--tokens", "1"], "--tokens")):
         bad = cli("bench", *args)

@@ -201,11 +201,16 @@ def bench_main(argv: List[str]) -> int:
         if not prompts:
             raise ValueError(f"--prompts {args.prompts}: no prompt in the file (one per line)")
     os.environ["SPECGGUF_STATE"] = tempfile.mkdtemp(prefix="specgguf-bench-")
+    if args.lookup is None and args.draft != "ngram":
+        # K is the draft model's: a lookup in front would draft whatever K, and from its memory
+        # replay each prompt's earlier turns (every K then read 3-7x plain). --workload compares them.
+        args.lookup = False
     llm = load_pair(args)
     items = [[{"role": "user", "content": p}] if args.chat else p for p in prompts]
-    print(f"specgguf bench: target {llm.names[0]}, draft {llm.names[1]}; {len(items)} prompts x {args.tokens} "
-          f"tokens x {args.turns} turn{'s' if args.turns > 1 else ''}; K in {', '.join(map(str, ks))}; "
-          f"temperature {args.temp:g}",
+    print(f"specgguf bench: target {llm.names[0]}, draft {llm.names[1]}"
+          f"{' (the draft model alone: --workload compares it with the lookup)' if args.lookup is False else ''}; "
+          f"{len(items)} prompts x {args.tokens} tokens x {args.turns} turn{'s' if args.turns > 1 else ''}; "
+          f"K in {', '.join(map(str, ks))}; temperature {args.temp:g}",
           file=sys.stderr, flush=True)
     report = bench.Report.of(bench.measure(llm, items, ks, args.tokens, args.turns, bench.Progress(),
                                               temperature=args.temp))
