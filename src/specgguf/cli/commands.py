@@ -159,8 +159,6 @@ def _ks(text: str) -> list:
 
 
 def bench_main(argv: List[str]) -> int:
-    import tempfile
-    from . import bench
     ap = Parser(prog="python -m specgguf bench", description=BENCH_DESCRIPTION,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(ap)
@@ -192,6 +190,14 @@ def bench_main(argv: List[str]) -> int:
         if args.prompts or args.ks != "0-8,auto" or args.plot:
             ap.error("--workload compares draft sources: it takes no --prompts, --ks or --plot")
         return _bench_workload(args)
+    return _bench_ks(args, ks)
+
+
+def _bench_ks(args: argparse.Namespace, ks: list) -> int:
+    """``bench``: plain decoding and each K in ``ks`` of the draft model, in
+    turns on the prompts; the table, the measured costs, the K to use."""
+    import tempfile
+    from . import bench
     if args.plot:
         bench.pyplot()  # before minutes of runs, not after
     prompts = bench.PROMPTS
