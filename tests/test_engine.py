@@ -370,3 +370,78 @@ def test_what_the_engine_learns_of_the_draft_is_stored_for_later_processes(pairs
     assert r.stats["drafted"] > 0
     after = many.pair.state.evidence(regime)
     assert after is not None and after["total"][1] > 0 and after["total"][1] != n0
+
+
+# ---- slots taken by new requests: their caches kept in host memory ------------------------
+
+def test_a_slots_cache_saved_and_loaded_into_another_slot_gives_the_same_rows(pairs):
+    """LlamaModel.save / load: a copy loaded into another slot's KV stream
+    holds what evaluation would have put there, bit for bit, and its kept
+    logits row comes back with it."""
+    many, one = pairs
+    m, single = many.pair.target.model, one.pair.target.model
+    a, b = many.tokenize(PROMPTS[0]), many.tokenize(PROMPTS[1])
+    m.reset()
+    row = m.eval_many([(0, a, 1)])[0]
+    saved = m.save(0)
+    m.eval_many([(0, b, 1)])  # the slot is taken by another text
+    m.load(1, saved)
+    assert m.cache[1] == a and m.cache[0] == b
+    assert m.lag(a, 1) == 0 and _same(m.eval_many([(1, a, 1)])[0], row)  # the kept row, no forward
+    got = m.eval_many([(1, a + [5, 6, 7], 4, 3)])[0]
+    single.reset()
+    assert _same(got, single.eval(a + [5, 6, 7], 4))
+    m.reset()
+
+
+def test_the_stash_keeps_a_taken_slots_cache_within_its_bound_and_gives_it_back(pairs):
+    from specgguf.llama.stash import KEEP_MIN, Stash
+    many, _ = pairs
+    models = many.pair.models
+    a, b = many.tokenize(" ".join(MORE)), many.tokenize(PROMPTS[1] + " " + PROMPTS[2])
+    assert len(a) > KEEP_MIN and b[:2] != a[:2]
+    for m in models:
+        m.reset()
+        m.eval_many([(0, a, 1)])
+    stash = Stash(models, 1 << 30)
+    stash.before_taking(0, b)  # b takes slot 0: a's caches are copied first
+    assert len(stash) == 1 and stash.used > 0 and stash.loaded == 0
+    for m in models:
+        m.eval_many([(0, b, 1)])
+    stash.before_taking(1, a + [5])  # a's next turn: loaded into slot 1, nothing to copy there
+    assert stash.loaded == 1 and len(stash) == 0 and stash.used == 0
+    assert all(m.cache[1] == a for m in models)
+    small = Stash(models, 1000)  # smaller than any copy: nothing kept
+    small.before_taking(0, a)
+    assert len(small) == 0 and small.used == 0
+    with pytest.raises(ValueError, match="cache_ram"):
+        from specgguf.llama.stash import stash_limit
+        stash_limit(-1, None)
+    for m in models:
+        m.reset()
+
+
+def test_a_conversation_back_after_its_slot_was_taken_reads_only_its_new_turn_and_stays_exact(pairs):
+    """Four conversations over three slots: the one whose slot another took
+    finds its caches in the stash, reports its first turn cached, and its
+    answer is plain greedy decoding's."""
+    many, one = pairs
+    for m in many.pair.models:
+        m.reset()
+    firsts = [chat(p + " Answer in two sentences, with care and detail.") for p in MORE[:4]]
+    answers = [many.generate(f, max_tokens=8, temperature=0, chat=True) for f in firsts]
+    stash = many.engine.slots.stash
+    assert stash is not None and len(stash) >= 1
+    held = many.pair.target.model.cache
+    gone = [i for i, f in enumerate(firsts)
+            if not any(h[:len(many.tokenize(f, chat=True))] == many.tokenize(f, chat=True) for h in held)]
+    assert gone, "a fourth conversation over three slots takes one of the first three's"
+    i = gone[0]
+    follow = firsts[i] + [{"role": "assistant", "content": answers[i].text}, {"role": "user", "content": "Why?"}]
+    loaded = stash.loaded
+    got = many.generate(follow, max_tokens=16, temperature=0, chat=True)
+    assert stash.loaded == loaded + 1
+    assert got.stats["cached_tokens"] >= answers[i].stats["prompt_tokens"] - 1, got.stats
+    one.reset()
+    plain = one.generate(follow, max_tokens=16, temperature=0, chat=True, k=0)
+    assert got.tokens == plain.tokens

@@ -459,6 +459,8 @@ def test_slots_run_at_once_and_the_queue_counts_beyond_them(session_state):
         s.stop()
     r = subprocess.run([sys.executable, "-m", "specgguf", "serve", "--parallel", "0"], capture_output=True, text=True)
     assert r.returncode == 2 and "--parallel" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "specgguf", "serve", "--cache-ram", "-1"], capture_output=True, text=True)
+    assert r.returncode == 2 and "--cache-ram" in r.stderr
 
 
 def test_binds_to_loopback_by_default():

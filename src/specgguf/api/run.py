@@ -45,7 +45,7 @@ class Runner:
         if pair.slots > 1:
             draft = pair.draft_model.model if pair.draft_model else None
             self.engine = Engine(pair.target.model, draft, None if draft else pair.drafter, self.learning.online,
-                                 pair.lookups, self.learning.lookup)
+                                 pair.lookups, self.learning.lookup, pair.stash())
 
     def __call__(self, ids: List[int], config: GenerationConfig, sampler: Sampler, should_stop) -> Iterator:
         """Text pieces (:class:`~specgguf.api.output.Piece`), then the

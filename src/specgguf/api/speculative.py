@@ -63,6 +63,11 @@ class SpeculativeLlama(CompletionMethods):
         store: where learned state lives (default: :func:`specgguf.state.state_dir`).
         parallel: slots, generations that run together in shared rounds
             (:meth:`generate_many`, the server); 1: one at a time.
+        cache_ram: MiB of host memory for the caches of slots a new request
+            took (with ``parallel`` > 1): a conversation coming back to a
+            server busy with others reads only its new turn
+            (:mod:`specgguf.llama.stash`). None: 1024, at most a quarter of
+            the memory available at load; 0: none kept.
         chat_template: a Jinja chat template's text to use instead of the
             GGUF's (``serve --chat-template-file``); its tool format is the
             one tool calls are written and read in (:mod:`specgguf.api.tools`).

@@ -89,6 +89,10 @@ def build_parser():
     ap.add_argument("--parallel", default="auto", help="requests run at once, each in a slot of --ctx "
                     "tokens, verified together in one target forward per round (default 'auto': "
                     f"up to {AUTO_SLOTS} as the memory allows, said at start)")
+    ap.add_argument("--cache-ram", type=int, default=None, metavar="MiB",
+                    help="host memory for the KV caches of slots a new request took, so that a "
+                    "conversation coming back reads only its new turn (as llama-server's --cache-ram); "
+                    "default 1024, at most a quarter of the memory available at start; 0: none kept")
     ap.add_argument("--queue", type=int, default=16, help="requests that may wait while the slots are busy (16); "
                     "beyond that: 503 with Retry-After")
     ap.add_argument("--model-id", help="the model name /v1/models reports (default: the target's file name)")
@@ -107,6 +111,8 @@ def _checked(ap, args) -> tuple:
         ap.error(f"--port must be in [0, 65535], got {args.port}")
     if args.queue < 0:
         ap.error(f"--queue must be >= 0, got {args.queue}")
+    if args.cache_ram is not None and args.cache_ram < 0:
+        ap.error(f"--cache-ram must be >= 0 MiB (0: keep none), got {args.cache_ram}")
     try:
         parallel = None if args.parallel == "auto" else int(args.parallel)
         if parallel is not None and not 1 <= parallel <= 64:
@@ -133,7 +139,7 @@ def main(argv) -> int:
                   "can use it (set --api-key or $SPECGGUF_API_KEY)", file=sys.stderr)
     if parallel is None:
         parallel = auto_slots(args)
-    llm = load_pair(args, config=config_from_args(args), parallel=parallel)
+    llm = load_pair(args, config=config_from_args(args), parallel=parallel, cache_ram=args.cache_ram)
     server = Server(llm, args.api_key, args.queue, args.model_id, args.verbose)
     import uvicorn
     origins = [o.strip() for o in args.cors_origins.split(",") if o.strip()]

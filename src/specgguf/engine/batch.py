@@ -29,6 +29,7 @@ from collections import deque
 from typing import Deque, FrozenSet, List, Optional, Sequence
 
 from ..llama.model import LlamaModel
+from ..llama.stash import Stash
 from ..ops.drafter import EachDrafter, common_prefix
 from ..llama.adapter import SlotDrafter
 from ..ops.sampling import Sampler
@@ -84,12 +85,15 @@ class Slots:
     Args:
         target: the target's :class:`LlamaModel`; its slot count, and its
             caches, which decide where a waiting request goes.
+        stash: where a slot's caches are copied before a request cuts them,
+            and loaded back from for a request that shares more with a copy
+            (:class:`~specgguf.llama.stash.Stash`); None: none kept.
     """
 
     RUN_TOKENS = 256  # a run's pass (about a target token's time, every round) against prompt tokens kept
 
-    def __init__(self, target: LlamaModel) -> None:
-        self.target = target
+    def __init__(self, target: LlamaModel, stash: Optional[Stash] = None) -> None:
+        self.target, self.stash = target, stash
         self.split = not target.unified  # a KV stream per slot: each run of busy slots is a pass
         self.running: List[Optional[Ticket]] = [None] * target.slots
         self.waiting: Deque[Ticket] = deque()
@@ -133,6 +137,8 @@ class Slots:
                 t.queue.put(_END)
                 continue
             t.slot = self._place(t, free)
+            if self.stash is not None:
+                self.stash.before_taking(t.slot, t.ids)
             t.cached = max(0, len(t.ids) - self.target.lag(t.ids, t.slot))
             self.running[t.slot] = t
 
@@ -172,16 +178,17 @@ class Engine:
         lookups: a lookup per slot (:class:`~specgguf.ops.suffix.SuffixDrafter`),
             tried before the draft model each round, with ``lookup_policy``'s K
             (as :mod:`~specgguf.engine.lookup_first` does for one sequence).
+        stash: evicted slots' caches in host memory (see :class:`Slots`).
     """
 
     def __init__(self, target: LlamaModel, draft: Optional[LlamaModel] = None, ngram=None,
                  policy: Optional[Policy] = None, lookups: Optional[Sequence] = None,
-                 lookup_policy: Optional[Policy] = None) -> None:
+                 lookup_policy: Optional[Policy] = None, stash: Optional[Stash] = None) -> None:
         if draft is not None and draft.slots != target.slots:
             raise ValueError(f"the draft has {draft.slots} slots, the target {target.slots}")
         self.target, self.draft = target, draft
         drafter = SlotDrafter(draft) if draft is not None else EachDrafter(ngram) if ngram is not None else None
-        self.slots = Slots(target)
+        self.slots = Slots(target, stash)
         self.policy = policy or Policy(free_draft=draft is None)
         self.lookups, self.lookup_policy = lookups, lookup_policy if lookups else None
         listeners = [self.policy] + ([self.lookup_policy] if self.lookup_policy is not None else [])

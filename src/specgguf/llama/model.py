@@ -181,6 +181,21 @@ def available_memory() -> Optional[int]:
     return None
 
 
+class Saved:
+    """One slot's KV cache copied to host memory (:meth:`LlamaModel.save`):
+    the ``tokens`` it holds, llama.cpp's bytes of it, the logits row kept
+    after its last token (or None)."""
+
+    __slots__ = ("tokens", "data", "last")
+
+    def __init__(self, tokens: List[int], data, last: Optional[np.ndarray]) -> None:
+        self.tokens, self.data, self.last = tokens, data, last
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data) + (0 if self.last is None else self.last.nbytes) + 8 * len(self.tokens)
+
+
 class LlamaModel:
     """One model's KV-cache bookkeeping over the llama.cpp C API, for one
     sequence or several (slots, each with its own KV range).
@@ -283,6 +298,32 @@ class LlamaModel:
                                  "architecture); specgguf needs a transformer model")
             del held[keep:]
             self.last[slot] = None
+
+    def save(self, slot: int) -> "Saved":
+        """A copy, in host memory, of what ``slot``'s KV cache holds (see
+        :mod:`specgguf.llama.stash`), for :meth:`load` into any slot later."""
+        if self.own_ctx is None:
+            raise ValueError("a one-sequence model keeps its KV cache in the Llama object's context")
+        n = int(llama_cpp.llama_state_seq_get_size(self.ctx, slot))
+        data = (ctypes.c_uint8 * n)()
+        if n and int(llama_cpp.llama_state_seq_get_data(self.ctx, data, n, slot)) != n:
+            raise RuntimeError(f"llama.cpp could not copy slot {slot}'s KV cache")
+        last = self.last[slot]
+        return Saved(list(self.cache[slot]), data, None if last is None else last.copy())
+
+    def load(self, slot: int, saved: "Saved") -> None:
+        """Make ``slot``'s KV cache hold what :meth:`save` copied. In a KV
+        stream per slot the cells land where evaluating the tokens would put
+        them (from the stream's first), so later rows are computed as if the
+        slot had never been used for anything else. If llama.cpp cannot load
+        it, the slot is left empty (the next call evaluates the tokens)."""
+        self._cut(slot, 0)
+        n = len(saved.data)
+        if n and int(llama_cpp.llama_state_seq_set_data(self.ctx, saved.data, n, slot)) == n:
+            self.cache[slot] = list(saved.tokens)
+            self.last[slot] = None if saved.last is None else saved.last.copy()
+        else:
+            llama_cpp.llama_memory_seq_rm(self.mem, slot, -1, -1)
 
     def eval(self, seq: Sequence[int], n_logits: int, proposed: int = 0) -> np.ndarray:
         """Make the KV cache hold ``seq``; return logits ``[n_logits, n_vocab]``

@@ -20,13 +20,14 @@ import llama_cpp
 
 from .adapter import LlamaTarget, ModelDrafter, SlotDrafter
 from ..checks import check_int
-from .model import MIN_CTX, LlamaModel, ModelLike, check_slot_memory, eog_tokens, load_llama
+from .model import MIN_CTX, LlamaModel, ModelLike, available_memory, check_slot_memory, eog_tokens, load_llama
 from .models import resolve_model
 from ..ops.cross import CrossDrafter
 from ..ops.drafter import EachDrafter
 from ..ops.ngram import NgramDrafter
 from ..ops.suffix import SuffixDrafter
 from .rpc import RemoteModel, Workers
+from .stash import Stash, stash_limit
 from ..ops.sampling import Sampler
 from ..state import PairState, Store
 from .text import PromptEncoder
@@ -92,13 +93,18 @@ class ModelPair:
                  n_threads: Optional[int] = None, verbose: bool = False,
                  rpc: Union[None, str, Sequence[str]] = None, draft_rpc: bool = False,
                  tensor_split: Optional[Sequence[float]] = None, store: Optional[Store] = None,
-                 flash_attn: bool = True, parallel: int = 1, chat_template: Optional[str] = None) -> None:
+                 flash_attn: bool = True, parallel: int = 1, chat_template: Optional[str] = None,
+                 cache_ram: Optional[int] = None) -> None:
         if chat_template is not None and (not isinstance(chat_template, str) or not chat_template.strip()):
             raise ValueError("chat_template must be the text of a Jinja chat template")
         model_free = isinstance(draft, str) and draft == "ngram"
         if lookup and model_free:
             raise ValueError("lookup=True adds a lookup in front of a draft model; draft='ngram' already is one")
         check_int("lookup_memory", lookup_memory, 0)
+        if cache_ram is not None:
+            check_int("cache_ram", cache_ram, 0)
+        # evicted slots' caches kept in host memory (llama.stash): bytes, decided before loading
+        self.stash_bytes = stash_limit(cache_ram, available_memory())
         self.slots = check_int("parallel", parallel, 1, 64)
         workers = Workers.parse(rpc)
         if workers and self.slots > 1:
@@ -195,6 +201,11 @@ class ModelPair:
             return EachDrafter(drafter)
         fresh = fresh_lookup and isinstance(self.drafter, SuffixDrafter)
         return EachDrafter(SuffixDrafter(0) if fresh else self.drafter)
+
+    def stash(self) -> Optional[Stash]:
+        """A :class:`~specgguf.llama.stash.Stash` of the slots' caches (every
+        model's) up to ``cache_ram``; None with one slot or ``cache_ram=0``."""
+        return Stash(self.models, self.stash_bytes) if self.slots > 1 and self.stash_bytes else None
 
     def timers(self) -> tuple:
         """Seconds spent so far in each model's forwards."""
