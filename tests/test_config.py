@@ -19,7 +19,7 @@ BAD = [
     (dict(min_p=-0.5), ValueError, "min_p"),
     (dict(k=-1), ValueError, r"k must be in \[0, 32\]"),
     (dict(k=33), ValueError, r"k must be in \[0, 32\]"),
-    (dict(k="many"), ValueError, "k must be an int >= 0 or 'auto'"),
+    (dict(k="many"), ValueError, r"k must be an int in \[0, 32\] or 'auto'"),
     (dict(p_min=2.0), ValueError, "p_min"),
     (dict(p_min="sometimes"), ValueError, "p_min must be None, 'auto'"),
     (dict(k=4, p_min="auto"), ValueError, "use it with k='auto'"),

@@ -137,3 +137,10 @@ def test_two_threads_share_one_draft_model_safely(pair):
     [t.start() for t in ts]
     [t.join() for t in ts]
     assert not errors and all(r == alone[i] for i in range(2) for r in out[i])
+
+
+def test_a_bad_k_is_refused_before_the_model_loads():
+    """The same check as GenerationConfig's (config.check_k), named, before any file is read."""
+    for k, err in ((33, ValueError), (-1, ValueError), ("fast", ValueError), (2.5, TypeError), (True, TypeError)):
+        with pytest.raises(err, match="k must be"):
+            specgguf.DraftModel("/nonexistent/draft.gguf", k=k)

@@ -24,6 +24,15 @@ LOOKUP_K_MAX = 32  # ... and lets a lookup propose: a copy costs nothing to draf
 TOP_LOGPROBS_MAX = 20  # as OpenAI's
 
 
+def check_k(value: object) -> Union[int, str]:
+    """A draft length setting: ``"auto"`` or an int in [0, K_MAX] (TypeError / ValueError as ``check_int``)."""
+    if isinstance(value, str):
+        if value != "auto":
+            raise ValueError(f"k must be an int in [0, {K_MAX}] or 'auto', got {value!r}")
+        return value
+    return _int("k", value, 0, K_MAX)
+
+
 def _bias(value: object) -> Tuple[Tuple[int, float], ...]:
     """``{token id (int or its decimal string, as JSON sends it): added logit}``."""
     if value is None:
@@ -166,10 +175,7 @@ class GenerationConfig:
         set_("top_k", _int("top_k", self.top_k, 0))
         set_("top_p", _float("top_p", self.top_p, 0.0, 1.0))
         set_("min_p", _float("min_p", self.min_p, 0.0, 1.0))
-        if self.k != "auto":
-            if isinstance(self.k, str):
-                raise ValueError(f"k must be an int >= 0 or 'auto', got {self.k!r}")
-            set_("k", _int("k", self.k, 0, K_MAX))
+        set_("k", check_k(self.k))
         set_("p_min", check_p_min(self.p_min))
         if self.p_min == "auto" and self.k != "auto":
             raise ValueError("p_min='auto' is set by the automatic draft length's costs: use it with k='auto'")

@@ -34,7 +34,7 @@ import numpy as np
 from llama_cpp.llama_speculative import LlamaDraftModel
 
 from ..ops.drafter import Draft, common_prefix
-from ..config import AUTO_K_MAX, K_MAX
+from ..config import AUTO_K_MAX, check_k
 from ..llama.adapter import ModelDrafter
 from ..llama.model import InUse, LlamaModel, ModelLike, load_llama
 from ..llama.vocab import check_vocab
@@ -86,8 +86,7 @@ class DraftModel(LlamaDraftModel):
 
     def __init__(self, model: ModelLike, *, k: Union[int, str] = "auto", n_threads: Optional[int] = None,
                  n_ctx: Optional[int] = None, ngram: bool = False) -> None:
-        if k != "auto" and (not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= K_MAX):
-            raise ValueError(f"k must be an int in [0, 32] or 'auto', got {k!r}")
+        k = check_k(k)
         if isinstance(model, llama_cpp.Llama):
             llm = model
         else:
@@ -137,7 +136,7 @@ class DraftModel(LlamaDraftModel):
                 raise ValueError(f"token id {bad} is out of range for the draft's vocabulary of "
                                  f"{self.model.model_vocab}: the draft and the target do not share a tokenizer")
             self._learn(ids)
-            lag = self.model.lag(ids) if self.length.auto else 1  # O(context): only a policy weighs it
+            lag = self.length.draft_lag(lambda: self.model.lag(ids))
             view = SlotView(REGIME, self.length.k_max, False, 1, lag, None, self.after_miss)
             turn = next_turn(ids, view, self.drafter, self.length, self.lookup)
             t0 = time.perf_counter()

@@ -59,15 +59,15 @@ class Runner:
         sequence (:func:`~specgguf.engine.rounds.one_sequence`), under the pair's lock."""
         pair = self.pair
         with self.guard:
-            if not pair.owns:  # the Llama objects may have been used on their own since; a
-                # clock-blind run starts empty, as it did: what is cached moves its K, and its seeded text
-                pair.reset(unless_held=not (config.k == "auto" and clock_blind(config)))
+            length = self.learning.length(config)
+            if not pair.owns:  # the Llama objects may have been used on their own since
+                pair.reset(unless_held=not length.cold)
             t0, before = time.perf_counter(), pair.timers()
             cached = len(ids) - pair.target.model.lag(ids)
             # A seeded p/q text depends on what was drafted: its lookups remember no earlier call.
             forget = clock_blind(config)
             req = Request(ids, self.budget(ids, config), pair.eog, sampler, config.regime,
-                          self.learning.length(config),
+                          length,
                           None if pair.lookup is None else self.learning.lookup_length(config), config.p_min,
                           plain_first=True)  # the first token at once
             lookups = None if pair.lookup is None else [SuffixDrafter(0) if forget else pair.lookup]

@@ -78,10 +78,9 @@ class SpeculativeDecoder:
         self.target_step = target_step
         self.sampler = sampler or Sampler("greedy" if greedy else "exact", generator=generator)
         # Costs from the clock only where it cannot change the output.
-        self.length = draft_length(k, lambda: Policy(clock=self.sampler.rule != "exact" or generator is None))
+        self.length = draft_length(k, lambda: Policy(clock=self.sampler.rule != "exact" or generator is None),
+                                   p_min=p_min)
         self.p_min = check_p_min(p_min)
-        if p_min == "auto" and not self.length.auto:
-            raise ValueError("p_min='auto' is set by the draft policy's costs: use it with k='auto'")
         self.plain_first = plain_first
         self.lookup = lookup
         self.regime = regime or self.sampler.rule

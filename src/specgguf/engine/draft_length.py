@@ -28,10 +28,18 @@ class FixedK:
     its rounds show of the draft goes on to ``teach`` if given (the engine's
     policy, which learns the draft from every request)."""
 
-    auto = False
+    fixed = True  # what a view of its sequence tells a policy pricing the round (SlotView.fixed)
+    cold = False  # its K does not depend on what the caches hold
 
     def __init__(self, k: int, teach: Optional[Policy] = None) -> None:
         self.k_max, self.teach = check_int("k", k, 0), teach
+
+    def begin(self, regime: str, prior: Optional[float] = None, record: Optional[dict] = None) -> None:
+        pass
+
+    def draft_lag(self, lag: Callable[[], int]) -> int:
+        """1, a steady round's: nothing weighs it, and ``lag()`` costs O(context)."""
+        return 1
 
     def choose(self, views: Sequence[SlotView]) -> List[int]:
         return [min(self.k_max, v.cap) for v in views]
@@ -53,6 +61,12 @@ class FixedK:
     def batches_to_time(self, v: SlotView) -> tuple:
         return ()
 
+    def worth_measuring(self, v: SlotView) -> bool:
+        return False
+
+    def record(self, regime: str) -> Optional[dict]:
+        return None
+
     def p_min(self, regime: str) -> Optional[float]:
         """No confidence cutoff of its own (``p_min="auto"`` needs ``k="auto"``)."""
         return None
@@ -65,14 +79,19 @@ DraftLength = Union[FixedK, Policy]
 
 
 def draft_length(k: Union[int, str, Policy, FixedK], policy: Callable[[], Policy] = Policy,
-                 teach: Optional[Policy] = None) -> DraftLength:
+                 teach: Optional[Policy] = None, p_min=None) -> DraftLength:
     """The K object for setting ``k``: a :class:`FixedK` for an int (teaching
     ``teach``), ``policy()`` for ``"auto"``, and a K object as it is (shared:
-    what a policy learns carries over)."""
+    what a policy learns carries over). ``p_min="auto"`` needs a policy: its
+    cutoff comes from the policy's costs."""
     if isinstance(k, (Policy, FixedK)):
-        return k
-    if k == "auto":
-        return policy()
-    if isinstance(k, str):
+        length = k
+    elif k == "auto":
+        length = policy()
+    elif isinstance(k, str):
         raise ValueError(f"k must be an int >= 0, 'auto' or a Policy, got {k!r}")
-    return FixedK(k, teach)
+    else:
+        length = FixedK(k, teach)
+    if p_min == "auto" and length.fixed:
+        raise ValueError("p_min='auto' is set by the draft policy's costs: use it with k='auto'")
+    return length

@@ -69,8 +69,7 @@ class Learning:
         rounds measure the draft on its prompt (:func:`~specgguf.engine.rounds.to_measure`),
         whatever was stored: a record is a prior, never a verdict."""
         length = draft_length(config.k, lambda: self._own(self.online, config))
-        if length.auto:
-            self.ready(length, config)
+        self.ready(length, config)
         return length
 
     @staticmethod
@@ -78,10 +77,11 @@ class Learning:
         """``policy``, or for a run the clock must not change a blind one of its own."""
         return policy.blind() if clock_blind(config) else policy
 
-    def ready(self, policy: Policy, config: GenerationConfig) -> None:
-        """On ``config``'s regime's first use in ``policy``: what was known
-        before, calibrate()'s measurement where it applies and stored evidence."""
-        policy.begin(config.regime, self.prior(config), self.state.evidence(config.regime))
+    def ready(self, length: DraftLength, config: GenerationConfig) -> None:
+        """On ``config``'s regime's first use in a policy: what was known
+        before, calibrate()'s measurement where it applies and stored evidence
+        (a fixed K takes none)."""
+        length.begin(config.regime, self.prior(config), self.state.evidence(config.regime))
 
     def lookup_length(self, config: GenerationConfig) -> DraftLength:
         """The own K object of an n-gram lookup tried before the draft model:
@@ -92,8 +92,7 @@ class Learning:
     def finish(self, length: DraftLength, config: GenerationConfig) -> None:
         """After a run: store what ``length`` learned of the draft in the run's
         regime, for later processes (a fixed K and clock-blind runs write nothing)."""
-        if length.auto:
-            self.keep(config.regime, length.record(config.regime))
+        self.keep(config.regime, length.record(config.regime))
 
     def keep(self, regime: str, record: Optional[dict]) -> None:
         """Store ``record`` (:meth:`~specgguf.engine.policy.Policy.record`) as ``regime``'s evidence."""

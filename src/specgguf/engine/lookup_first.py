@@ -105,7 +105,7 @@ def choose_turns(contexts: Sequence[Sequence[int]], views: Sequence[SlotView], d
         matched = set(idx)
         mine = [replace(lookup_view(v, length.k_max), regime=v.regime + ("" if got[i][1] else " short"))
                 if i in matched else replace(v, cap=0, fixed=True) for i, v in enumerate(views)]
-        asked = [replace(v, cap=min(v.cap, have[i])) if i in matched and length.auto else v
+        asked = [replace(v, cap=min(v.cap, have[i])) if i in matched else v
                  for i, v in enumerate(mine)]
         for i, k in enumerate(length.choose(asked)):
             if i in matched and k > 0:  # a short match's turn waits for the model's K

@@ -35,7 +35,7 @@ class Policy:
     :class:`~specgguf.engine.costs.Costs`; ``clock`` False (a seeded p/q run, whose
     text the clock must not change) prices every round at the guesses and times nothing."""
 
-    auto = True  # what K objects say of themselves (a fixed K: :class:`~specgguf.engine.draft_length.FixedK`)
+    fixed = False  # what a view of its sequence tells a policy (a fixed K: :class:`~specgguf.engine.draft_length.FixedK`)
 
     def __init__(self, k_max: int = AUTO_K_MAX, passes: Optional[Callable] = None, free_draft: bool = False,
                  clock: bool = True, tuning: Tuning = Tuning()) -> None:
@@ -72,6 +72,16 @@ class Policy:
         """What this process learned of ``regime`` to store for later ones (None: nothing, or blind)."""
         r = self.regimes.get(regime)
         return r.record() if self.clock and r is not None and r.total[1] > 0 else None
+
+    @property
+    def cold(self) -> bool:
+        """Whether its runs start from empty caches: a policy blind to the clock
+        (a seeded p/q text) weighs what is cached, which must not move the text."""
+        return not self.clock
+
+    def draft_lag(self, lag: Callable[[], int]) -> int:
+        """The draft's catch-up, ``lag()``: weighed in the round's price."""
+        return lag()
 
     def forget(self) -> None:
         """Every regime starts again (from what :meth:`begin` is given next)."""

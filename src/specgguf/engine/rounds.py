@@ -81,9 +81,8 @@ class Request:
         t_lag, remaining = target.lag(self.ids, self.slot), self.budget - self.stats.emitted
         first = self.plain_first and (t_lag > 1 or self.stats.rounds == 0)
         cap = 0 if drafter is None or first else min(self.length.k_max, remaining - 1)
-        # The draft's lag costs O(context) to find: only a policy weighs it.
-        d_lag = 0 if drafter is None else (drafter.lag(self.ids, self.slot) if self.length.auto else 1)
-        return SlotView(self.regime, max(0, cap), not self.length.auto, t_lag, d_lag, remaining, self.after_miss,
+        d_lag = 0 if drafter is None else self.length.draft_lag(lambda: drafter.lag(self.ids, self.slot))
+        return SlotView(self.regime, max(0, cap), self.length.fixed, t_lag, d_lag, remaining, self.after_miss,
                         self.slot, self.stats.emitted)
 
     def emit(self, tokens: Sequence[int], n_draft: int, source: int) -> bool:
@@ -259,7 +258,7 @@ def to_measure(reqs: Sequence[Request], views: Sequence[SlotView]) -> Dict[int, 
     catch-up to learn three tokens."""
     out, regimes = {}, set()
     for i, (r, v) in enumerate(zip(reqs, views)):
-        if r.length.auto and v.target_lag > 1 and r.regime not in regimes and r.length.worth_measuring(v):
+        if v.target_lag > 1 and r.regime not in regimes and r.length.worth_measuring(v):
             n = prompt_rows(r.ids, v.target_lag)
             if n:
                 out[i] = n

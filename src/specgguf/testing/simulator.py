@@ -265,7 +265,7 @@ def _decoder_call(call: Call, k, learning: Learning, config: GenerationConfig, c
     view = SlotView(config.regime, AUTO_K_MAX, target_lag=call.prompt, draft_lag=call.prompt, remaining=call.asked)
     length = learning.length(replace(config, k=k))
     length.batches_to_time(view)  # asked first, as the rounds do (nothing to time before the target is)
-    if length.auto and length.worth_measuring(view):
+    if length.worth_measuring(view):
         seconds, evaluated = clock.c.draft_cost(call.prompt - 1), call.prompt - 1
         length.timed_draft([(evaluated, seconds)])  # the draft read the prompt: its forward is timed
         got = _prompt_measure(call)
@@ -274,7 +274,7 @@ def _decoder_call(call: Call, k, learning: Learning, config: GenerationConfig, c
     front = None
     if lookup is not None and call.lookup is not None:
         front = LookupFirst(RecordedLookup(call, lookup), learning.lookup_length(replace(config, k="auto")))
-    alone = front is not None and not length.auto and length.k_max == 0  # the lookup alone (draft="ngram")
+    alone = front is not None and length.k_max == 0  # the lookup alone (draft="ngram"): k=0 with a lookup
     if alone:
         length, front = learning.lookup, LookupFirst(front.lookup, learning.lookup)
     tokens, spent, looked = _run_call(call, length, config.regime, clock, evaluated, front, alone)
@@ -319,13 +319,14 @@ def replay_engine(trace: Trace, k, seed: int = 0, tuning: Tuning = Tuning()) -> 
         evaluated, got = 0, None
         view = SlotView(regime, 0, target_lag=call.prompt, draft_lag=call.prompt, remaining=call.asked)
         policy.batches_to_time(view)
-        if k == "auto" and policy.worth_measuring(view):
+        length = draft_length(k, lambda: policy)
+        if length.worth_measuring(view):
             got = _prompt_measure(call)
         if got is not None:
             policy.measured(regime, *got)
             policy.timed_draft([(call.prompt - 1, clock.c.draft_cost(call.prompt - 1))])
             seconds, evaluated = seconds + clock.c.draft_cost(call.prompt - 1), call.prompt - 1
-        t, s, _ = _run_call(call, draft_length(k, lambda: policy), regime, clock, evaluated=evaluated)
+        t, s, _ = _run_call(call, length, regime, clock, evaluated=evaluated)
         tokens, seconds = tokens + t, seconds + s
     return tokens / seconds
 
