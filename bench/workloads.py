@@ -22,7 +22,9 @@ through its chat completions on loopback: ``ls`` (no draft), ``ls-draft``
 ``ls-ngram-cache`` (``--spec-type ngram-cache``; both --ngram-n-max),
 ``ls-draft-ngram`` (``-md`` with ngram-mod).
 Each request's tok/s is its completion tokens over its whole time (prompt
-included: what a user waits); the table gives medians per workload and
+included: what a user waits); a second table leaves out the prompt's
+evaluation (the answer's ``timings.prompt_ms``, the same work in every
+mode), as llama-server's ``predicted_per_second`` does; the first gives medians per workload and
 mode, each mode's ratio to plain, the share of tokens each source gave, and
 whether greedy texts were identical across modes (they must be).
 Regime: the models given on this machine, one request at a time; with
@@ -106,7 +108,7 @@ def server_rows(mode: str, a: argparse.Namespace) -> list:
             out, seconds = ask(messages, extra)
             text = out["choices"][0]["message"].get("content") or ""
             return {"workload": workload, "item": i, "mode": mode, "seconds": seconds,
-                    "tokens": out["usage"]["completion_tokens"],
+                    "tokens": out["usage"]["completion_tokens"], "prompt_seconds": prompt_seconds(out),
                     "sources": (out.get("speculation") or {}).get("tokens_by_source"),
                     "text": hashlib.sha256(text.encode()).hexdigest()[:16]}
 
@@ -117,6 +119,13 @@ def server_rows(mode: str, a: argparse.Namespace) -> list:
                 rows += list(pool.map(timed, jobs))
                 rows.append({"workload": workload, "mode": mode, "wall": time.perf_counter() - t0})
     return rows
+
+
+def prompt_seconds(out: dict) -> float:
+    """The prompt's evaluation as the answer's ``timings`` give it (llama-server's
+    ``prompt_ms``; specgguf's is its first round's target forward, which reads
+    the prompt): the same work in every mode, which decode speed leaves out."""
+    return float((out.get("timings") or {}).get("prompt_ms", 0.0)) / 1e3
 
 
 def worker(mode: str, a: argparse.Namespace) -> None:
@@ -141,7 +150,7 @@ def worker(mode: str, a: argparse.Namespace) -> None:
         seconds = time.perf_counter() - t0
         text = out["choices"][0]["message"]["content"] or ""
         print(json.dumps({"workload": workload, "item": i, "mode": mode, "seconds": seconds,
-                          "tokens": out["usage"]["completion_tokens"],
+                          "tokens": out["usage"]["completion_tokens"], "prompt_seconds": prompt_seconds(out),
                           "sources": out["speculation"].get("tokens_by_source"),
                           "text": hashlib.sha256(text.encode()).hexdigest()[:16]}), flush=True)
 
@@ -197,16 +206,17 @@ def main() -> None:
     report(rows, a)
 
 
-def tok_s(rows: list, w: str, m: str) -> float:
+def tok_s(rows: list, w: str, m: str, decode: bool = False) -> float:
     """Mode m's speed on workload w: with several clients, each turn's
     completion tokens over its wall time, median over turns; else the median
-    of each request's tok/s."""
+    of each request's tok/s (``decode``: its time less the prompt's evaluation)."""
     mine = [r for r in rows if r["workload"] == w and r["mode"] == m]
     walls = [r for r in mine if "wall" in r]
-    if walls:
+    if walls and not decode:
         return statistics.median(sum(r.get("tokens", 0) for r in mine if r["turn"] == x["turn"]) / x["wall"]
                                  for x in walls)
-    return statistics.median(r["tokens"] / r["seconds"] for r in mine)
+    return statistics.median(r["tokens"] / (r["seconds"] - (r.get("prompt_seconds", 0.0) if decode else 0.0))
+                             for r in mine if "tokens" in r)
 
 
 def report(rows: list, a: argparse.Namespace) -> None:
@@ -231,6 +241,16 @@ def report(rows: list, a: argparse.Namespace) -> None:
                 texts.setdefault(r["item"], set()).add(r["text"])
         same = sum(len(v) == 1 for v in texts.values())
         print(f"| {w} | " + " | ".join(cells) + f" | {same}/{len(texts)} |")
+    if a.clients == 1:  # the same requests, the prompt's evaluation (the same in every mode) left out
+        print("\n# decode speed: completion tokens over each request's time after the prompt's evaluation "
+              "(timings.prompt_ms), median (ratio to plain)")
+        print("| workload | " + " | ".join(a.modes) + " |")
+        print("|---|" + "---|" * len(a.modes))
+        for w in a.workload:
+            rate = {m: tok_s(rows, w, m, decode=True) for m in a.modes}
+            print(f"| {w} | " + " | ".join(
+                f"{rate[m]:.1f}" + (f" ({rate[m] / rate['plain']:.2f}x)" if "plain" in rate and m != "plain" else "")
+                for m in a.modes) + " |")
 
 
 if __name__ == "__main__":
