@@ -24,8 +24,8 @@ through its chat completions on loopback: ``ls`` (no draft), ``ls-draft``
 Each request's tok/s is its completion tokens over its whole time (prompt
 included: what a user waits); a second table leaves out the prompt's
 evaluation (the answer's ``timings.prompt_ms``, the same work in every
-mode), as llama-server's ``predicted_per_second`` does; the first gives medians per workload and
-mode, each mode's ratio to plain, the share of tokens each source gave, and
+mode), as llama-server's ``predicted_per_second`` does. The first gives
+medians per workload and mode, each mode's ratio to plain, the share of tokens each source gave, and
 whether greedy texts were identical across modes (they must be).
 Regime: the models given on this machine, one request at a time; with
 ``--clients N``, N at once, and then every mode runs as a server with N
@@ -121,11 +121,13 @@ def server_rows(mode: str, a: argparse.Namespace) -> list:
     return rows
 
 
-def prompt_seconds(out: dict) -> float:
+def prompt_seconds(out: dict):
     """The prompt's evaluation as the answer's ``timings`` give it (llama-server's
     ``prompt_ms``; specgguf's is its first round's target forward, which reads
-    the prompt): the same work in every mode, which decode speed leaves out."""
-    return float((out.get("timings") or {}).get("prompt_ms", 0.0)) / 1e3
+    the prompt): the same work in every mode, which decode speed leaves out.
+    None where the answer carries no timings (its decode speed is not shown)."""
+    ms = (out.get("timings") or {}).get("prompt_ms")
+    return None if ms is None else float(ms) / 1e3
 
 
 def worker(mode: str, a: argparse.Namespace) -> None:
@@ -209,14 +211,24 @@ def main() -> None:
 def tok_s(rows: list, w: str, m: str, decode: bool = False) -> float:
     """Mode m's speed on workload w: with several clients, each turn's
     completion tokens over its wall time, median over turns; else the median
-    of each request's tok/s (``decode``: its time less the prompt's evaluation)."""
+    of each request's tok/s (``decode``: its time less the prompt's
+    evaluation; nan if a request's answer did not say it)."""
     mine = [r for r in rows if r["workload"] == w and r["mode"] == m]
     walls = [r for r in mine if "wall" in r]
     if walls and not decode:
         return statistics.median(sum(r.get("tokens", 0) for r in mine if r["turn"] == x["turn"]) / x["wall"]
                                  for x in walls)
-    return statistics.median(r["tokens"] / (r["seconds"] - (r.get("prompt_seconds", 0.0) if decode else 0.0))
-                             for r in mine if "tokens" in r)
+    asked = [r for r in mine if "tokens" in r]
+    if decode and any(r.get("prompt_seconds") is None for r in asked):
+        return float("nan")
+    return statistics.median(r["tokens"] / (r["seconds"] - (r["prompt_seconds"] if decode else 0.0)) for r in asked)
+
+
+def cell(rate: dict, m: str) -> str:
+    """Mode m's speed and, beside plain's, its ratio to it."""
+    if rate[m] != rate[m]:  # nan: not measured
+        return "-"
+    return f"{rate[m]:.1f}" + (f" ({rate[m] / rate['plain']:.2f}x)" if "plain" in rate and m != "plain" else "")
 
 
 def report(rows: list, a: argparse.Namespace) -> None:
@@ -234,9 +246,8 @@ def report(rows: list, a: argparse.Namespace) -> None:
             mine = [r for r in rows if r["workload"] == w and r["mode"] == m and "tokens" in r]
             src = {s: sum((r["sources"] or {}).get(s, 0) for r in mine) for s in ("draft", "lookup")}
             total = sum(r["tokens"] for r in mine) or 1
-            ratio = f" ({rate[m] / rate['plain']:.2f}x)" if "plain" in rate and m != "plain" else ""
             shares = "" if m in SERVERS else f" {100 * src['draft'] / total:.0f}%/{100 * src['lookup'] / total:.0f}%"
-            cells.append(f"{rate[m]:.1f}{ratio}{shares}")
+            cells.append(cell(rate, m) + shares)
             for r in mine if m not in SERVERS else []:  # llama-server's texts need not be specgguf's
                 texts.setdefault(r["item"], set()).add(r["text"])
         same = sum(len(v) == 1 for v in texts.values())
@@ -248,9 +259,7 @@ def report(rows: list, a: argparse.Namespace) -> None:
         print("|---|" + "---|" * len(a.modes))
         for w in a.workload:
             rate = {m: tok_s(rows, w, m, decode=True) for m in a.modes}
-            print(f"| {w} | " + " | ".join(
-                f"{rate[m]:.1f}" + (f" ({rate[m] / rate['plain']:.2f}x)" if "plain" in rate and m != "plain" else "")
-                for m in a.modes) + " |")
+            print(f"| {w} | " + " | ".join(cell(rate, m) for m in a.modes) + " |")
 
 
 if __name__ == "__main__":
