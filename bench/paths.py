@@ -25,7 +25,7 @@ target: >= 0.95) and auto / plain decoding (k=0; the poor draft's floor:
 cpp-python then decodes one token a step, with logits_all as any draft forces).
 
 Regime: the default SmolLM2 pair on this machine (an F32 135M target whose
-Q4_1 draft costs about half a target step: drafting's ceiling is 1.2-1.4x;
+Q4_1 draft costs about half a target step: drafting's ceiling is 1.0-1.4x by machine;
 --draft smollm2-135m-q2_k is the poor draft). Timings run alone; nothing
 else may use the CPU.
 
