@@ -8,7 +8,7 @@ nothing is known of is probed by one sequence (or measured on its prompt:
 :meth:`Policy.worth_measuring`); a lone sequence that stopped drafting
 retries after ``retry`` plain rounds (twice as many after each retry that did
 not hold) if the draft would pay at its optimistic acceptance or at a doubted
-price. A draft's catch-up (a new prompt, or text it skipped) is paid once for
+price; a batch that drafted nothing asks again every ``recheck`` rounds. A draft's catch-up (a new prompt, or text it skipped) is paid once for
 the tokens a sequence is expected to emit yet, as long as recent answers ran
 (:meth:`Policy.left`); a long one is priced only once draft batches were
 timed (:meth:`Policy.batches_to_time`). Every number is in
@@ -47,6 +47,7 @@ class Policy:
         self.regimes: Dict[str, Regime] = {}
         self.answers: Deque[Tuple[int, bool]] = deque(maxlen=16)  # recent answers' lengths, and whether cut
         self.can_time = False  # its rounds time draft batches when asked (batches_to_time)
+        self.resting = 0  # batch rounds in a row it chose to draft nothing for
 
     def regime(self, name: str) -> Regime:
         if name not in self.regimes:
@@ -125,7 +126,10 @@ class Policy:
     def choose(self, views: Sequence[SlotView]) -> List[int]:
         """K for each sequence (see the module docstring)."""
         r = [self.regime(v.regime) for v in views][0]  # every regime seen from its first round
-        if self.clock and not self.costs.target.s:
+        rest = (len(views) > 1 and not self.costs.free and self.resting % self.t.recheck  # the model's, idle
+                and all(self.regime(v.regime).known for v in views))
+        if (self.clock and not self.costs.target.s) or rest:
+            self.resting += bool(rest)
             return [v.cap if v.fixed else 0 for v in views]
         lone = len(views) == 1 and not views[0].fixed and views[0].cap > 0
         if lone and r.idle >= r.wait and self.clock:
@@ -136,7 +140,9 @@ class Policy:
                     if not hope:  # its timings were doubted: this round's replace them
                         self.costs.draft.forget()
                     return best
-        return self._best(views)[0]
+        best = self._best(views)[0]
+        self.resting = self.resting + 1 if len(views) > 1 and not any(best) else 0
+        return best
 
     def _best(self, views: Sequence[SlotView], hope=False, optimistic=False, doubt=False) -> tuple:
         """The best common K, then each sequence's own in turn, scored as expected
