@@ -25,8 +25,9 @@ Each request's tok/s is its completion tokens over its whole time (prompt
 included: what a user waits); a second table leaves out the prompt's
 evaluation (the answer's ``timings.prompt_ms``, the same work in every
 mode), as llama-server's ``predicted_per_second`` does. The first gives
-medians per workload and mode, each mode's ratio to plain, the share of tokens each source gave, and
-whether greedy texts were identical across modes (they must be).
+medians per workload and mode, each mode's ratio to plain, the share of
+tokens each source gave, and whether greedy texts were identical across
+modes (they must be).
 Regime: the models given on this machine, one request at a time; with
 ``--clients N``, N at once, and then every mode runs as a server with N
 slots (specgguf's as ``specgguf serve --parallel N``: ``plain`` is ``-k 0``,
@@ -50,6 +51,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Optional
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -121,7 +123,7 @@ def server_rows(mode: str, a: argparse.Namespace) -> list:
     return rows
 
 
-def prompt_seconds(out: dict):
+def prompt_seconds(out: dict) -> Optional[float]:
     """The prompt's evaluation as the answer's ``timings`` give it (llama-server's
     ``prompt_ms``; specgguf's is its first round's target forward, which reads
     the prompt): the same work in every mode, which decode speed leaves out.

@@ -519,3 +519,25 @@ def test_beside_other_sequences_no_forward_is_priced_hopefully_and_every_round_i
     one = c.target(1)
     p.round_done(four, [5, 5, 5, 5], Measured(24, 0.3, [], 24, 0.0))  # 6 tokens a slot: two passes
     assert c.target(24) == pytest.approx(0.3 - one) and c.target(24, False) == pytest.approx(0.3 - one)
+
+
+def test_a_batch_that_drafted_nothing_asks_again_every_recheck_rounds():
+    """Where the draft does not pay, the choice over a batch is what it costs
+    (2.5% of a round at 8 slots): a batch of a known regime that chose to draft
+    nothing keeps that for ``recheck`` - 1 rounds, then asks again; a lone
+    sequence asks every round."""
+    p = Policy(8)
+    _timed(p, BOARD["target"], BOARD["draft"])
+    p.measured("greedy", 0.05, 32)  # a draft nearly always wrong: nothing pays
+    four = [SlotView("greedy", 8, draft_lag=1, slot=i, remaining=500) for i in range(4)]
+    assert p.choose(four) == [0] * 4
+    p.measured("greedy", 0.99, 640)  # now it would pay on this board
+    chosen = [p.choose(four) for _ in range(p.t.recheck)]
+    assert chosen[:-1] == [[0] * 4] * (p.t.recheck - 1)  # resting
+    assert all(chosen[-1])  # the recheck sees it
+    lone = Policy(8)
+    _timed(lone, BOARD["target"], BOARD["draft"])
+    lone.measured("greedy", 0.05, 32)
+    assert lone.choose(four[:1]) == [0]
+    lone.measured("greedy", 0.99, 640)
+    assert lone.choose(four[:1])[0] > 0

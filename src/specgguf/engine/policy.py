@@ -8,12 +8,12 @@ nothing is known of is probed by one sequence (or measured on its prompt:
 :meth:`Policy.worth_measuring`); a lone sequence that stopped drafting
 retries after ``retry`` plain rounds (twice as many after each retry that did
 not hold) if the draft would pay at its optimistic acceptance or at a doubted
-price; a batch that drafted nothing asks again every ``recheck`` rounds. A draft's catch-up (a new prompt, or text it skipped) is paid once for
-the tokens a sequence is expected to emit yet, as long as recent answers ran
-(:meth:`Policy.left`); a long one is priced only once draft batches were
-timed (:meth:`Policy.batches_to_time`). Every number is in
-:class:`~specgguf.engine.tuning.Tuning`. Nothing here touches models, files
-or the clock.
+price; a batch that drafted nothing asks again every ``recheck`` rounds. A
+draft's catch-up (a new prompt, or text it skipped) is paid once for the
+tokens a sequence is expected to emit yet, as long as recent answers ran
+(:meth:`Policy.left`); a long one is priced only once draft batches were timed
+(:meth:`Policy.batches_to_time`). Every number is in
+:class:`~specgguf.engine.tuning.Tuning`. Nothing here touches models, files or the clock.
 """
 
 from __future__ import annotations
