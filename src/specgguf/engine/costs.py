@@ -13,6 +13,8 @@ from bisect import bisect_right
 from dataclasses import dataclass, replace
 from typing import Callable, List, Optional, Sequence
 
+from .tuning import Tuning
+
 
 @dataclass
 class SlotView:
@@ -59,8 +61,10 @@ class Timed:
     reprices those it does not. Not a line: one token runs other kernels and
     2 -> 9 tokens is concave, so a line prices K = 8 too dear ever to try."""
 
-    def __init__(self, slope: float, flat: bool, pace: List[float], spike: float = 1.5) -> None:
+    def __init__(self, slope: float, flat: bool, pace: List[float], spike: float = 1.5, share: float = 0.5,
+                 settle: int = 4) -> None:
         self.slope, self.flat, self.pace, self.spike, self.s = slope, flat, pace, spike, {}
+        self.share, self.settle, self.reads = share, settle, {}
         # A policy asks the same counts hundreds of times a round (a choice over four slots: about
         # 500 calls, 2 ms where a round takes 30): shapes are kept until a reading moves them, and
         # the counts timed in order, with the least seconds of any from each on.
@@ -69,16 +73,32 @@ class Timed:
         self._least_from: List[float] = [float("inf")]
 
     def observe(self, n: int, seconds: float) -> None:
+        """A forward over ``n`` tokens took ``seconds``: its price follows the
+        reading (:func:`_follow`), and once ``settle`` readings have set the
+        count's shape, ``share`` of that move (in ratio) is the machine's pace,
+        which every count's price carries. The move is split, not made twice:
+        moving the pace half way and then the shape towards the reading over
+        the new pace ratcheted, as noise alone in the one count plain rounds
+        read drove the pace to a third in a thousand rounds (every other count
+        priced at a third of its time: at four slots drafting looked free)."""
         if n <= 0 or seconds <= 0.0:  # no forward, or none the clock could see
             return
-        if n in self.s:
-            self.pace[0] = _follow(self.pace[0], seconds / self.s[n])
-        self.s[n] = _follow(self.s.get(n), seconds / self.pace[0])
+        old = self.s.get(n)
+        if old is None:
+            self.s[n], self.reads[n] = seconds / self.pace[0], 1
+        else:
+            price = self.pace[0] * old
+            moved = _follow(price, seconds) / price
+            share = self.share if self.reads[n] >= self.settle else 0.0  # a first reading may be a warm-up
+            self.pace[0] *= moved ** share
+            self.s[n] = old * moved ** (1.0 - share)
+            self.reads[n] += 1
         self._timed()
 
     def forget(self) -> None:
         """Every count timed is dropped (they are doubted): the next readings replace them."""
         self.s.clear()
+        self.reads.clear()
         self._timed()
 
     def _timed(self) -> None:
@@ -137,12 +157,13 @@ class Costs:
     (``free_draft``: a lookup, which costs nothing). The other numbers are the
     policy's (:class:`~specgguf.engine.tuning.Tuning`, where each is explained)."""
 
-    def __init__(self, passes: Optional[Callable], free_draft: bool, slope_guess: float, draft_guess: float,
-                 doubt: float, steady: int, unknown_left: int, spike: float) -> None:
-        self.count_passes, self.free, pace = passes, free_draft, [1.0]  # a busy machine slows both
-        self.slope_guess, self.draft_guess, self.doubt = slope_guess, draft_guess, doubt
-        self.steady, self.unknown_left = steady, unknown_left
-        self.target, self.draft = Timed(slope_guess, True, pace, spike), Timed(slope_guess, False, pace, spike)
+    def __init__(self, passes: Optional[Callable], free_draft: bool, tuning: Tuning) -> None:
+        t, pace = tuning, [1.0]  # a busy machine slows both models
+        self.count_passes, self.free = passes, free_draft
+        self.slope_guess, self.draft_guess, self.doubt = t.slope_guess, t.draft_guess, t.doubt
+        self.steady, self.unknown_left = t.steady, t.unknown_left
+        self.target, self.draft = (Timed(t.slope_guess, flat, pace, t.spike, t.pace_share, t.settle)
+                                   for flat in (True, False))
         self._passes: dict = {}  # count_passes' answers: a function of the counts alone
 
     def observe(self, m: Measured, prompt: bool, passes: int) -> None:
@@ -209,7 +230,9 @@ class Pricer:
         # draft[n]: one draft forward over n tokens (draft[0] = 0: no forward)
         self.draft = [costs.draft_forward(n, doubt) for n in range(max(sum(self.steady), len(views)) + 2)]
         # each sequence's catch-up past a steady round's first forward, and the tokens it may still emit
-        self.caught = [max(0.0, costs.draft_forward(v.draft_lag) - costs.draft_forward(s))
+        # (doubted too: a retry that doubted the draft's timings but not its catch-up's, all taken in a
+        # slow phase, priced every later retry out; the simulator's Zen 5 trace ran plain for good)
+        self.caught = [max(0.0, costs.draft_forward(v.draft_lag, doubt) - costs.draft_forward(s, doubt))
                        for v, s in zip(views, self.steady)]
         self.left = [max(1, v.remaining or costs.unknown_left) for v in views]
         per_round = [True] * len(views) if per_round is None else per_round

@@ -42,8 +42,7 @@ class Policy:
         if k_max < 1:
             raise ValueError(f"k_max must be >= 1, got {k_max}")
         self.k_max, self.clock, self.t = k_max, clock, tuning
-        self.costs = Costs(passes, free_draft, tuning.slope_guess, tuning.draft_guess, tuning.doubt, tuning.steady,
-                           tuning.unknown_left, tuning.spike)
+        self.costs = Costs(passes, free_draft, tuning)
         self.regimes: Dict[str, Regime] = {}
         self.answers: Deque[Tuple[int, bool]] = deque(maxlen=16)  # recent answers' lengths, and whether cut
         self.can_time = False  # its rounds time draft batches when asked (batches_to_time)

@@ -32,6 +32,8 @@ class Tuning:
     unknown_left: int = 128    # tokens a sequence is taken to have left when it does not say
     steady: int = 2            # draft tokens a sequence has in a forward without catch-up
     spike: float = 1.5         # a shorter forward is priced at most this of a longer one as timed
+    pace_share: float = 0.5    # of a count's move in price, the share taken as the machine's pace (all counts)
+    settle: int = 4            # readings of a count before its moves are the pace's (a first may be a warm-up)
     batch_timing: tuple = (1, 31)  # draft forwards timed (tokens) before a long catch-up is first priced
     recheck: int = 4           # a batch that drafted nothing asks again every this many rounds (a choice
     # over 8 slots takes 0.8 ms of a 47 ms round: 2.5% where the draft does not pay)
