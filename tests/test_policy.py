@@ -492,6 +492,32 @@ def test_a_catch_up_is_paid_once_for_the_tokens_left():
     assert p.choose([SlotView("greedy", 8, remaining=127)])[0] > 0  # no catch-up: it drafts as ever
 
 
+def test_a_prompt_beside_others_is_measured_only_where_a_good_draft_pays_in_that_batch():
+    """Guessed prices said a good draft pays at every load, so each fresh
+    server at 4-8 slots had the draft read a prompt (0.25 s on Zen 4) it would
+    never draft on. Beside others the draft is measured on a prompt only once
+    rounds were timed, and only if drafting would pay in that batch were the
+    draft good; alone, as before."""
+    prompt = SlotView("greedy", 8, target_lag=40, draft_lag=40, remaining=127)
+    others = [SlotView("greedy", 8, slot=i, remaining=100) for i in range(1, 4)]
+
+    def timed(target, draft):
+        p = Policy(8)
+        for n in (1, 4, 8, 16, 36):
+            for _ in range(3):
+                p.costs.target.observe(n, target(n))
+        for n in (1, 2, 4, 8, 40):
+            p.costs.draft.observe(n, draft(n))
+        return p
+
+    fresh = Policy(8)
+    assert fresh.worth_measuring(prompt) and not fresh.worth_measuring(prompt, others)
+    here = timed(lambda n: 0.015 + 0.0015 * n, lambda n: 0.003 * n)  # pays alone, not beside three
+    assert here.worth_measuring(prompt) and not here.worth_measuring(prompt, others)
+    board = timed(lambda n: 0.1 * (1 + 0.01 * n), lambda n: 0.005 * (1 + 0.1 * n))  # memory-bound: batches cheap
+    assert board.worth_measuring(prompt, others)
+
+
 def test_a_long_catch_up_is_priced_on_timed_batches_not_on_a_guess():
     """Guessed, a quantized draft's 345-token batch cost 54 ms where it took a
     second, and a first code edit paid it. Before a long catch-up is first

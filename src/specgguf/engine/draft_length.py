@@ -61,7 +61,7 @@ class FixedK:
     def batches_to_time(self, v: SlotView) -> tuple:
         return ()
 
-    def worth_measuring(self, v: SlotView) -> bool:
+    def worth_measuring(self, v: SlotView, others: Sequence[SlotView] = ()) -> bool:
         return False
 
     def record(self, regime: str) -> Optional[dict]:

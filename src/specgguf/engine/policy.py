@@ -12,9 +12,8 @@ price; a batch that drafted nothing asks again every ``recheck`` rounds. A
 draft's catch-up (a new prompt, or text it skipped) is paid once for the
 tokens a sequence is expected to emit yet, as long as recent answers ran
 (:meth:`Policy.left`); a long one is priced only once draft batches were timed
-(:meth:`Policy.batches_to_time`). Every number is in
-:class:`~specgguf.engine.tuning.Tuning`. Nothing here touches models, files or the clock.
-"""
+(:meth:`Policy.batches_to_time`). Every number is in :class:`~specgguf.engine.tuning.Tuning`.
+Nothing here touches models, files or the clock."""
 
 from __future__ import annotations
 
@@ -49,9 +48,7 @@ class Policy:
         self.resting = 0  # batch rounds in a row it chose to draft nothing for
 
     def regime(self, name: str) -> Regime:
-        if name not in self.regimes:
-            self.regimes[name] = Regime(self.k_max, self.t)
-        return self.regimes[name]
+        return self.regimes[name] if name in self.regimes else self.regimes.setdefault(name, Regime(self.k_max, self.t))
 
     acceptance = regime  # what tests and the store read of it: the regime's counts
 
@@ -215,13 +212,16 @@ class Policy:
             for n, seconds in forwards:
                 self.costs.draft.observe(n, seconds)
 
-    def worth_measuring(self, v: SlotView) -> bool:
-        """Whether to measure the draft on the prompt ``v`` is about to read: while its
-        regime is not known, if drafting would pay were the draft good."""
-        cap = min(self.k_max, (v.remaining or self.t.unknown_left) - 1)
-        if self.regime(v.regime).known or cap <= 0 or self._guessed_catchup(v):
-            return False  # a long prompt's catch-up at a guessed price: a probe decides, timed
-        return self._best([replace(v, target_lag=1, cap=cap)], hope=True)[0][0] > 0
+    def worth_measuring(self, v: SlotView, others: Sequence[SlotView] = ()) -> bool:
+        """Whether to measure the draft on the prompt ``v`` reads beside ``others``: while its regime
+        is not known, if drafting would pay in that batch were the draft good; beside others only once
+        rounds were timed (guessed, 4-8 slots paid 0.25 s a fresh process for a draft that cannot pay)."""
+        caps = [min(self.k_max, (w.remaining or self.t.unknown_left) - 1) for w in [v, *others]]
+        if self.regime(v.regime).known or caps[0] <= 0 or self._guessed_catchup(v) or (
+                others and not self.costs.target.s):  # a long catch-up at a guessed price: a probe decides
+            return False
+        batch = [replace(w, target_lag=1, cap=max(0, c)) for w, c in zip([v, *others], caps)]
+        return self._best(batch, hope=True)[0][0] > 0
 
     def rates(self, regime: str) -> List[float]:
         """Tokens per second a lone steady sequence of ``regime`` is predicted at, K = 0..k_max."""

@@ -253,12 +253,12 @@ def to_measure(reqs: Sequence[Request], views: Sequence[SlotView]) -> Dict[int, 
     """``{index: positions}``: the requests whose prompt round also measures
     the draft on the prompt (:func:`~specgguf.ops.drafter.prompt_rows`):
     one per regime its policy has seen too little of in this process and
-    where drafting could pay (:meth:`~specgguf.engine.policy.Policy.worth_measuring`).
+    where drafting could pay beside the others (:meth:`~specgguf.engine.policy.Policy.worth_measuring`).
     A stored record is a prior; a probe into a poor draft pays its whole
     catch-up to learn three tokens."""
     out, regimes = {}, set()
     for i, (r, v) in enumerate(zip(reqs, views)):
-        if v.target_lag > 1 and r.regime not in regimes and r.length.worth_measuring(v):
+        if v.target_lag > 1 and r.regime not in regimes and r.length.worth_measuring(v, views[:i] + views[i + 1:]):
             n = prompt_rows(r.ids, v.target_lag)
             if n:
                 out[i] = n
