@@ -49,7 +49,7 @@ VARIANTS = {
     "doubt": dict(doubt=1e9), "draft_guess": dict(draft_guess=0.0), "draft_guess_high": dict(draft_guess=0.3),
     "slope_guess": dict(slope_guess=0.0), "slope_guess_high": dict(slope_guess=0.2),
     "unknown_left": dict(unknown_left=10 ** 6), "steady": dict(steady=1), "steady_high": dict(steady=9),
-    "spike": dict(spike=1e9),
+    "spike": dict(spike=1e9), "pace_share": dict(pace_share=0.0), "settle": dict(settle=1),
 }
 
 

@@ -439,8 +439,7 @@ def test_a_scan_prices_each_k_as_a_call_does_and_as_the_formula_says():
 
 def formula(costs, views, ks, doubt):
     """Costs.seconds written out: the target's passes, the draft's first forward over each drafting
-    sequence's steady lag, one forward per further position, each catch-up over the tokens left (a
-    doubted price doubts the catch-up too);
+    sequence's steady lag, one forward per further position, each catch-up over the tokens left;
     past the largest count timed the target's forward is flat for a lone sequence only."""
     t = costs.target(max(1, sum(v.target_lag for v in views) + sum(ks)), len(views) == 1)
     t += (costs.passes(views, ks) - 1) * costs.target(1)
@@ -451,7 +450,7 @@ def formula(costs, views, ks, doubt):
     t += costs.draft_forward(sum(steady), doubt)
     t += sum(costs.draft_forward(sum(k >= j for _, k in drafting), doubt) for j in range(2, max(ks) + 1))
     for (v, _), s in zip(drafting, steady):
-        t += max(0.0, costs.draft_forward(v.draft_lag, doubt) - costs.draft_forward(s, doubt)) / max(1, v.remaining or 128)
+        t += max(0.0, costs.draft_forward(v.draft_lag) - costs.draft_forward(s)) / max(1, v.remaining or 128)
     return t
 
 

@@ -230,9 +230,7 @@ class Pricer:
         # draft[n]: one draft forward over n tokens (draft[0] = 0: no forward)
         self.draft = [costs.draft_forward(n, doubt) for n in range(max(sum(self.steady), len(views)) + 2)]
         # each sequence's catch-up past a steady round's first forward, and the tokens it may still emit
-        # (doubted too: a retry that doubted the draft's timings but not its catch-up's, all taken in a
-        # slow phase, priced every later retry out; the simulator's Zen 5 trace ran plain for good)
-        self.caught = [max(0.0, costs.draft_forward(v.draft_lag, doubt) - costs.draft_forward(s, doubt))
+        self.caught = [max(0.0, costs.draft_forward(v.draft_lag) - costs.draft_forward(s))
                        for v, s in zip(views, self.steady)]
         self.left = [max(1, v.remaining or costs.unknown_left) for v in views]
         per_round = [True] * len(views) if per_round is None else per_round
