@@ -126,7 +126,14 @@ class Timed:
         if not self.s:  # nothing timed (or a policy blind to the clock): a unit, at the slope guessed
             return 1 + self.slope * (n - 1)
         i = bisect_right(self._counts, n)  # counts[:i] <= n < counts[i:]
-        return min(self._shape(n, i, hope), self.spike * self._least_from[i])
+        got = min(self._shape(n, i, hope), self.spike * self._least_from[i])
+        if 0 < self.reads.get(n, 0) < self.settle and 0 < i - 1 < len(self._counts) - 1:
+            # A count read only a few times is priced at most on the line through its neighbours: its
+            # first forward may have built a new graph (a 4-token verification read 41 ms against 22),
+            # and priced so, it was never read again (short lookups ran plain for good).
+            lo, hi = self._counts[i - 2], self._counts[i]
+            got = min(got, self.s[lo] + (self.s[hi] - self.s[lo]) * (n - lo) / (hi - lo))
+        return got
 
     def _shape(self, n: int, i: int, hope: bool) -> float:
         counts, s = self._counts, self.s
