@@ -165,7 +165,8 @@ class Policy:
                  for v in capped]
         steady = [v.steady() for v in capped]
         longest = max([v.cap for v in capped if not v.fixed], default=0)  # past it, every common K is the same
-        commons = [[v.cap if v.fixed else min(k, v.cap) for v in capped] for k in range(longest + 1)]
+        grid = sorted({*range(min(longest, 8) + 1), *(k for k in (12, 16, 24) if k < longest), longest})  # a lookup's
+        commons = [[v.cap if v.fixed else min(k, v.cap) for v in capped] for k in grid]  # 32: each K refined below
         total = lambda ks: sum(g[k] for g, k in zip(gains, ks))  # noqa: E731
         steady_price, price = self.costs.pricer(steady, doubt), self.costs.pricer(capped, doubt, explore)
         # A catch-up of C seconds is paid once for the n tokens a sequence is expected to emit yet:
