@@ -61,8 +61,8 @@ class Timed:
     reprices those it does not. Not a line: one token runs other kernels and
     2 -> 9 tokens is concave, so a line prices K = 8 too dear ever to try."""
 
-    def __init__(self, slope: float, flat: bool, pace: List[float], spike: float = 1.5, share: float = 0.5,
-                 settle: int = 4) -> None:
+    def __init__(self, slope: float, flat: bool, pace: List[float], spike: float = Tuning.spike,
+                 share: float = Tuning.pace_share, settle: int = Tuning.settle) -> None:
         self.slope, self.flat, self.pace, self.spike, self.s = slope, flat, pace, spike, {}
         self.share, self.settle, self.reads = share, settle, {}
         # A policy asks the same counts hundreds of times a round (a choice over four slots: about
@@ -131,9 +131,12 @@ class Timed:
             # A count read only a few times is priced at most on the line through its neighbours: its
             # first forward may have built a new graph (a 4-token verification read 41 ms against 22),
             # and priced so, it was never read again (short lookups ran plain for good).
-            lo, hi = self._counts[i - 2], self._counts[i]
-            got = min(got, self.s[lo] + (self.s[hi] - self.s[lo]) * (n - lo) / (hi - lo))
+            got = min(got, self._line(self._counts[i - 2], self._counts[i], n))
         return got
+
+    def _line(self, lo: int, hi: int, n: int) -> float:
+        """The shape at ``n`` on the line through the counts ``lo`` < ``hi`` timed."""
+        return self.s[lo] + (self.s[hi] - self.s[lo]) * (n - lo) / (hi - lo)
 
     def _shape(self, n: int, i: int, hope: bool) -> float:
         counts, s = self._counts, self.s
@@ -147,8 +150,7 @@ class Timed:
                 return s[lo] * (1 + self.slope * (n - lo))
             a, b = counts[-2], counts[-1]
             return s[b] + (0.0 if self.flat else max(0.0, (s[b] - s[a]) / (b - a)) * (n - b))
-        hi = counts[i]
-        return s[lo] + (s[hi] - s[lo]) * (n - lo) / (hi - lo)
+        return self._line(lo, counts[i], n)
 
 
 def _follow(old: Optional[float], new: float) -> float:

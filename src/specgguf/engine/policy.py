@@ -165,8 +165,8 @@ class Policy:
                  for v in capped]
         steady = [v.steady() for v in capped]
         longest = max([v.cap for v in capped if not v.fixed], default=0)  # past it, every common K is the same
-        grid = sorted({*range(min(longest, 8) + 1), *(k for k in (12, 16, 24) if k < longest), longest})  # a lookup's
-        commons = [[v.cap if v.fixed else min(k, v.cap) for v in capped] for k in grid]  # 32: each K refined below
+        grid = sorted({*range(min(longest, AUTO_K_MAX) + 1), *(k for k in (12, 16, 24) if k < longest), longest})
+        commons = [[v.cap if v.fixed else min(k, v.cap) for v in capped] for k in grid]  # a lookup's 32: refined below
         total = lambda ks: sum(g[k] for g, k in zip(gains, ks))  # noqa: E731
         steady_price, price = self.costs.pricer(steady, doubt), self.costs.pricer(capped, doubt, explore)
         # A catch-up of C seconds is paid once for the n tokens a sequence is expected to emit yet:
@@ -218,8 +218,8 @@ class Policy:
         is not known, if drafting would pay in that batch were the draft good; beside others only once
         rounds were timed (guessed, 4-8 slots paid 0.25 s a fresh process for a draft that cannot pay)."""
         caps = [min(self.k_max, (w.remaining or self.t.unknown_left) - 1) for w in [v, *others]]
-        if self.regime(v.regime).known or caps[0] <= 0 or self._guessed_catchup(v) or (
-                others and not self.costs.target.s):  # a long catch-up at a guessed price: a probe decides
+        if (self.regime(v.regime).known or caps[0] <= 0 or self._guessed_catchup(v)  # a long catch-up at a
+                or (others and not self.costs.target.s)):  # guessed price (a probe decides), or a batch's untimed
             return False
         batch = [replace(w, target_lag=1, cap=max(0, c)) for w, c in zip([v, *others], caps)]
         return self._best(batch, hope=True)[0][0] > 0
