@@ -301,6 +301,25 @@ def test_drafting_priced_in_a_slow_phase_is_tried_again():
     assert sum(k > 0 for k in run(False)[1]) == 0
 
 
+def test_a_retry_prices_a_catch_up_at_the_fastest_the_draft_read_one():
+    """The draft read a prompt fast, then slowed alone for a while: timed so, its catch-up (growing
+    with each plain round) priced every retry out. A retry prices a catch-up at the fastest the draft
+    read such a length, not at a share of the target's: a draft that reads a long text slower than
+    the target (a quantized draft without a fast batch kernel) stays as slow as it read."""
+    fast = lambda n: 0.002 + 0.0005 * n  # noqa: E731
+    p = Policy(8)
+    _timed(p, HERE["target"], fast)
+    p.timed_draft([(40, fast(40)), (300, 0.7)])  # a prompt; a long text the draft reads slowly
+    view = SlotView("greedy", 8)
+    for _ in range(40):  # the draft's forwards alone three times slower
+        p.round_done([view], [2], Measured(3, HERE["target"](3), [(2, 3 * fast(2), 1), (1, 3 * fast(1), 1)], 3))
+    c = p.costs
+    assert c.catch_up(33) > 1.5 * fast(33)  # as timed: the slow spell moved the draft's pace
+    assert c.catch_up(33, doubt=True) == pytest.approx(fast(33), rel=0.1)
+    assert c.catch_up(300, doubt=True) >= 0.69 > c.doubt * c.target(300)
+    assert Policy(8, free_draft=True).costs.catch_up(33, doubt=True) == 0.0  # a lookup's costs nothing
+
+
 def test_explain_says_what_the_choice_rests_on():
     policy = Policy(8)
     assert "no forward timed yet" in policy.explain("greedy")
@@ -467,7 +486,7 @@ def formula(costs, views, ks, doubt):
     t += costs.draft_forward(sum(steady), doubt)
     t += sum(costs.draft_forward(sum(k >= j for _, k in drafting), doubt) for j in range(2, max(ks) + 1))
     for (v, _), s in zip(drafting, steady):
-        t += max(0.0, costs.draft_forward(v.draft_lag) - costs.draft_forward(s)) / max(1, v.remaining or 128)
+        t += max(0.0, costs.catch_up(v.draft_lag, doubt) - costs.catch_up(s, doubt)) / max(1, v.remaining or 128)
     return t
 
 

@@ -62,9 +62,9 @@ class Timed:
     2 -> 9 tokens is concave, so a line prices K = 8 too dear ever to try."""
 
     def __init__(self, slope: float, flat: bool, pace: List[float], spike: float = Tuning.spike,
-                 share: float = Tuning.pace_share, settle: int = Tuning.settle) -> None:
+                 share: float = Tuning.pace_share, settle: int = Tuning.settle, least: bool = False) -> None:
         self.slope, self.flat, self.pace, self.spike, self.s = slope, flat, pace, spike, {}
-        self.share, self.settle, self.reads = share, settle, {}
+        self.share, self.settle, self.reads, self.least = share, settle, {}, least  # least: the fastest read
         # A policy asks the same counts hundreds of times a round (a choice over four slots: about
         # 500 calls, 2 ms where a round takes 30): shapes are kept until a reading moves them, and
         # the counts timed in order, with the least seconds of any from each on.
@@ -84,7 +84,9 @@ class Timed:
         if n <= 0 or seconds <= 0.0:  # no forward, or none the clock could see
             return
         old = self.s.get(n)
-        if old is None:
+        if self.least:
+            self.s[n], self.reads[n] = min(seconds, old or seconds), self.reads.get(n, 0) + 1
+        elif old is None:
             self.s[n], self.reads[n] = seconds / self.pace[0], 1
         else:
             price = self.pace[0] * old
@@ -173,6 +175,7 @@ class Costs:
         self.steady, self.unknown_left = t.steady, t.unknown_left
         self.target, self.draft = (Timed(t.slope_guess, flat, pace, t.spike, t.pace_share, t.settle)
                                    for flat in (True, False))
+        self.fastest = Timed(t.slope_guess, False, [1.0], t.spike, 0.0, t.settle, least=True)  # the draft's
         self._passes: dict = {}  # count_passes' answers: a function of the counts alone
 
     def observe(self, m: Measured, prompt: bool, passes: int) -> None:
@@ -185,7 +188,12 @@ class Costs:
         if not prompt and m.target_tokens > 0 and (passes == 1 or self.target.s) and seconds > 0:
             self.target.observe(m.target_tokens, seconds)
         for n, seconds, _ in m.draft_forwards:
-            self.draft.observe(n, seconds)
+            self.timed_draft(n, seconds)
+
+    def timed_draft(self, n: int, seconds: float) -> None:
+        """A draft forward over ``n`` tokens took ``seconds``."""
+        self.draft.observe(n, seconds)
+        self.fastest.observe(n, seconds)
 
     def passes(self, views: Sequence[SlotView], ks: Sequence[int]) -> int:
         if self.count_passes is None or len(views) < 2:
@@ -204,6 +212,14 @@ class Costs:
             return 0.0
         d = self.draft(n) if self.draft.s else self.draft_guess * self.target(1) * (1 + self.slope_guess * (n - 1))
         return min(d, self.doubt * self.target(n)) if doubt else d
+
+    def catch_up(self, n: int, doubt: bool = False) -> float:
+        """A draft forward over ``n`` tokens of catch-up (``doubt``: at the fastest the draft was
+        read at such a length. As timed, a slow spell of the draft alone priced every retry out
+        while the catch-up grew with each plain round; at ``doubt`` of the target's, retries paid
+        long catch-ups of a quantized draft that reads long texts slower than an F32 target)."""
+        d = self.draft_forward(n)
+        return min(d, self.fastest(n)) if doubt and self.fastest.s and not self.free else d
 
     def seconds(self, views: Sequence[SlotView], ks: Sequence[int], doubt: bool = False) -> float:
         """A round drafting ``ks``: the target's passes, the draft's first forward
@@ -239,7 +255,7 @@ class Pricer:
         # draft[n]: one draft forward over n tokens (draft[0] = 0: no forward)
         self.draft = [costs.draft_forward(n, doubt) for n in range(max(sum(self.steady), len(views)) + 2)]
         # each sequence's catch-up past a steady round's first forward, and the tokens it may still emit
-        self.caught = [max(0.0, costs.draft_forward(v.draft_lag) - costs.draft_forward(s))
+        self.caught = [max(0.0, costs.catch_up(v.draft_lag, doubt) - costs.catch_up(s, doubt))
                        for v, s in zip(views, self.steady)]
         self.left = [max(1, v.remaining or costs.unknown_left) for v in views]
         per_round = [True] * len(views) if per_round is None else per_round

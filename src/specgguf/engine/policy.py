@@ -211,7 +211,7 @@ class Policy:
         """Draft forwards run outside a round, ``[(tokens, seconds)]``."""
         if self.clock:
             for n, seconds in forwards:
-                self.costs.draft.observe(n, seconds)
+                self.costs.timed_draft(n, seconds)
 
     def worth_measuring(self, v: SlotView, others: Sequence[SlotView] = ()) -> bool:
         """Whether to measure the draft on the prompt ``v`` reads beside ``others``: while its regime
