@@ -112,7 +112,11 @@ def test_a_poor_draft_is_probed_rarely_until_its_evidence_ages():
     for _ in range(2000):  # idle rounds thin the evidence: worth a look again
         policy.round_done([SlotView("greedy", 8)], [0], None)
     assert policy.regime("greedy").optimistic() > 0.9
-    assert policy.choose([SlotView("greedy", 8, remaining=1000)])[0] > 0
+    asks = []  # it asks every recheck rounds
+    for _ in range(Tuning.recheck):
+        asks.append(policy.choose([SlotView("greedy", 8, remaining=1000)])[0])
+        policy.round_done([SlotView("greedy", 8)], [asks[-1]], None)
+    assert max(asks) > 0
 
 
 def test_recovers_when_acceptance_rises():
@@ -318,6 +322,26 @@ def test_a_retry_prices_a_catch_up_at_the_fastest_the_draft_read_one():
     assert c.catch_up(33, doubt=True) == pytest.approx(fast(33), rel=0.1)
     assert c.catch_up(300, doubt=True) >= 0.69 > c.doubt * c.target(300)
     assert Policy(8, free_draft=True).costs.catch_up(33, doubt=True) == 0.0  # a lookup's costs nothing
+
+
+def test_a_lone_sequence_past_its_wait_asks_to_retry_every_recheck_rounds(monkeypatch):
+    """Past ``retry`` plain rounds a lone sequence asks whether a retry would pay every ``recheck``
+    rounds, not every round: each ask prices every K twice more (0.3 ms of a 15-20 ms plain round
+    here, where a draft that does not pay left auto 3% behind k=0). A lookup, whose asks cost
+    little, asks every round."""
+    for free, every in ((False, Tuning.recheck), (True, 1)):
+        p = Policy(8, free_draft=free)
+        _timed(p, HERE["target"], lambda n: 2 * HERE["target"](n))  # a draft dearer than the target
+        p.measured("greedy", 0.0, 1000)  # and one that is never right: no retry pays
+        asks = []
+        real = p._best
+        monkeypatch.setattr(p, "_best", lambda views, **kw: (asks.append(kw), real(views, **kw))[1])
+        view = SlotView("greedy", 8, remaining=1000)
+        for _ in range(Tuning.retry + 40):
+            assert p.choose([view]) == [0]
+            p.round_done([view], [0], Measured(1, HERE["target"](1)))
+        retries = sum(1 for kw in asks if kw.get("optimistic"))
+        assert retries == len(range(Tuning.retry, Tuning.retry + 40, every)), (free, retries)
 
 
 def test_explain_says_what_the_choice_rests_on():

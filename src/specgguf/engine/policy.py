@@ -8,7 +8,7 @@ nothing is known of is probed by one sequence (or measured on its prompt:
 :meth:`Policy.worth_measuring`); a lone sequence that stopped drafting
 retries after ``retry`` plain rounds (twice as many after each retry that did
 not hold) if the draft would pay at its optimistic acceptance or at a doubted
-price; a batch that drafted nothing asks again every ``recheck`` rounds. A
+price, asking every ``recheck`` rounds, as a batch that drafted nothing does. A
 draft's catch-up (a new prompt, or text it skipped) is paid once for the
 tokens a sequence is expected to emit yet, as long as recent answers ran
 (:meth:`Policy.left`); a long one is priced only once draft batches were timed
@@ -127,8 +127,8 @@ class Policy:
         if (self.clock and not self.costs.target.s) or rest:
             self.resting += bool(rest)
             return [v.cap if v.fixed else 0 for v in views]
-        lone = len(views) == 1 and not views[0].fixed and views[0].cap > 0
-        if lone and r.idle >= r.wait and self.clock:
+        lone = len(views) == 1 and not views[0].fixed and views[0].cap > 0 and r.idle >= r.wait
+        if lone and (self.costs.free or (r.idle - r.wait) % self.t.recheck == 0) and self.clock:
             for hope in (True, False):  # the draft may accept more now, or cost less than when timed
                 best, gain = self._best(views, optimistic=hope, doubt=not hope)
                 if best[0] and gain >= self.t.retry_gain:
