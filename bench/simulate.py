@@ -45,7 +45,8 @@ DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 VARIANTS = {
     "decay": dict(decay=1.0), "shrink": dict(shrink=1e6), "shrink_low": dict(shrink=1.0),
     "guard": dict(guard=0.0), "thin": dict(thin=1.0), "probe_k": dict(probe_k=0), "odds": dict(odds=1.0),
-    "retry": dict(retry=10 ** 9), "retry_max": dict(retry_max=Tuning.retry), "retry_gain": dict(retry_gain=1.0), "retry_gain_high": dict(retry_gain=1.1),
+    "retry": dict(retry=10 ** 9), "retry_max": dict(retry_max=Tuning.retry),
+    "retry_gain": dict(retry_gain=1.0), "retry_gain_high": dict(retry_gain=1.1),
     "doubt": dict(doubt=1e9), "draft_guess": dict(draft_guess=0.0), "draft_guess_high": dict(draft_guess=0.3),
     "slope_guess": dict(slope_guess=0.0), "slope_guess_high": dict(slope_guess=0.2),
     "unknown_left": dict(unknown_left=10 ** 6), "steady": dict(steady=1), "steady_high": dict(steady=9),

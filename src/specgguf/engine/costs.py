@@ -62,9 +62,9 @@ class Timed:
     2 -> 9 tokens is concave, so a line prices K = 8 too dear ever to try."""
 
     def __init__(self, slope: float, flat: bool, pace: List[float], spike: float = Tuning.spike,
-                 share: float = Tuning.pace_share, settle: int = Tuning.settle, least: bool = False) -> None:
+                 share: float = Tuning.pace_share, settle: int = Tuning.settle) -> None:
         self.slope, self.flat, self.pace, self.spike, self.s = slope, flat, pace, spike, {}
-        self.share, self.settle, self.reads, self.least = share, settle, {}, least  # least: the fastest read
+        self.share, self.settle, self.reads = share, settle, {}
         # A policy asks the same counts hundreds of times a round (a choice over four slots: about
         # 500 calls, 2 ms where a round takes 30): shapes are kept until a reading moves them, and
         # the counts timed in order, with the least seconds of any from each on.
@@ -84,9 +84,7 @@ class Timed:
         if n <= 0 or seconds <= 0.0:  # no forward, or none the clock could see
             return
         old = self.s.get(n)
-        if self.least:
-            self.s[n], self.reads[n] = min(seconds, old or seconds), self.reads.get(n, 0) + 1
-        elif old is None:
+        if old is None:
             self.s[n], self.reads[n] = seconds / self.pace[0], 1
         else:
             price = self.pace[0] * old
@@ -155,6 +153,19 @@ class Timed:
         return self._line(lo, counts[i], n)
 
 
+class Fastest(Timed):
+    """The fastest each count was read at, priced between counts as :class:`Timed` prices: a floor
+    a retry may price the draft at (its timings may come from a slow spell), not the machine's pace."""
+
+    def __init__(self, slope: float, spike: float = Tuning.spike, settle: int = Tuning.settle) -> None:
+        super().__init__(slope, False, [1.0], spike, 0.0, settle)
+
+    def observe(self, n: int, seconds: float) -> None:
+        if n > 0 and seconds > 0.0:
+            self.s[n], self.reads[n] = min(seconds, self.s.get(n, seconds)), self.reads.get(n, 0) + 1
+            self._timed()
+
+
 def _follow(old: Optional[float], new: float) -> float:
     """``old`` moved towards ``new``: noise only adds time, so a faster reading counts more, a slower
     one at most a quarter of 25%."""
@@ -175,7 +186,7 @@ class Costs:
         self.steady, self.unknown_left = t.steady, t.unknown_left
         self.target, self.draft = (Timed(t.slope_guess, flat, pace, t.spike, t.pace_share, t.settle)
                                    for flat in (True, False))
-        self.fastest = Timed(t.slope_guess, False, [1.0], t.spike, 0.0, t.settle, least=True)  # the draft's
+        self.fastest = Fastest(t.slope_guess, t.spike, t.settle)  # the draft's
         self._passes: dict = {}  # count_passes' answers: a function of the counts alone
 
     def observe(self, m: Measured, prompt: bool, passes: int) -> None:
@@ -219,7 +230,7 @@ class Costs:
         while the catch-up grew with each plain round; at ``doubt`` of the target's, retries paid
         long catch-ups of a quantized draft that reads long texts slower than an F32 target)."""
         d = self.draft_forward(n)
-        return min(d, self.fastest(n)) if doubt and self.fastest.s and not self.free else d
+        return min(d, self.fastest(n)) if doubt and self.fastest.s else d  # (a lookup's d is 0)
 
     def seconds(self, views: Sequence[SlotView], ks: Sequence[int], doubt: bool = False) -> float:
         """A round drafting ``ks``: the target's passes, the draft's first forward

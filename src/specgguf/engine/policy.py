@@ -127,8 +127,8 @@ class Policy:
         if (self.clock and not self.costs.target.s) or rest:
             self.resting += bool(rest)
             return [v.cap if v.fixed else 0 for v in views]
-        lone = len(views) == 1 and not views[0].fixed and views[0].cap > 0 and r.idle >= r.wait
-        if lone and (self.costs.free or (r.idle - r.wait) % self.t.recheck == 0) and self.clock:
+        due = len(views) == 1 and not views[0].fixed and views[0].cap > 0 and r.idle >= r.wait  # a retry
+        if due and (self.costs.free or (r.idle - r.wait) % self.t.recheck == 0) and self.clock:
             for hope in (True, False):  # the draft may accept more now, or cost less than when timed
                 best, gain = self._best(views, optimistic=hope, doubt=not hope)
                 if best[0] and gain >= self.t.retry_gain:
