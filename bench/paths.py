@@ -30,7 +30,7 @@ Q4_1 draft costs about half a target step: drafting's ceiling is 1.0-1.4x by mac
 else may use the CPU.
 
     .venv/bin/python bench/paths.py [--paths cli,generate,generate-llama,speculative-llama,serve,draftmodel]
-        [--draft smollm2-135m-q4_1] [--ks auto,0,4,8] [--temps 0,0.8] [--reps 2] [--prompts 4] [--tokens 96]
+        [--draft smollm2-135m-q4_1] [--ks auto,0,4,8] [--control 0] [--temps 0,0.8] [--reps 2] [--prompts 4] [--tokens 96]
 """
 
 from __future__ import annotations
@@ -51,7 +51,12 @@ PATHS = ("cli", "generate", "generate-llama", "speculative-llama", "serve", "dra
 
 
 def kval(k: str):
+    """An arm's K: "auto", a fixed K, or a control ("0 again": the same K in a second arm)."""
+    k = k.removesuffix(AGAIN)
     return k if k == "auto" else int(k)
+
+
+AGAIN = " again"
 
 
 class Caller:
@@ -73,7 +78,7 @@ class Caller:
         elif path == "draftmodel":
             import llama_cpp
             self.drafts = {k: specgguf.DraftModel(draft, k=kval(k), n_threads=args.threads, n_ctx=2048)
-                           for k in args.ks}
+                           for k in args.arms}
             self.llm = llama_cpp.Llama(self.files[0], n_ctx=2048, n_threads=args.threads, verbose=False,
                                        draft_model=self.drafts[args.ks[0]])
         elif path == "serve":
@@ -114,7 +119,7 @@ class Caller:
         t0 = time.perf_counter()
         if self.path == "cli":
             out = subprocess.run([sys.executable, "-m", "specgguf", "-p", prompt, "--chat", "-n", str(self.n),
-                                  "-k", k, "--temp", str(temp), "--seed", str(seed), "--json",
+                                  "-k", str(kval(k)), "--temp", str(temp), "--seed", str(seed), "--json",
                                   "--threads", str(self.args.threads), *self.pair_args()],
                                  capture_output=True, text=True, check=True)
             s = json.loads(out.stdout)["stats"]
@@ -142,9 +147,10 @@ def child(args) -> None:
     caller = Caller(args.child, *args.pair, args)
     try:
         caller.call(PROMPTS[-1], args.ks[-1], 0.0, 0)  # loads, first-touch of the weights: not timed
+        arms = args.arms
         for temp in args.temps:
             for i, prompt in enumerate(PROMPTS[:args.prompts]):
-                order = args.ks[i % len(args.ks):] + args.ks[:i % len(args.ks)]
+                order = arms[i % len(arms):] + arms[:i % len(arms)]
                 for k in order:
                     n, s = caller.call(prompt, k, temp, 1000 + i)
                     print(json.dumps({"temp": temp, "k": k, "prompt": i, "tokens": n, "seconds": s}), flush=True)
@@ -156,7 +162,7 @@ def run_child(path: str, args) -> list:
     env = dict(os.environ, SPECGGUF_STATE=tempfile.mkdtemp(prefix="specgguf-paths-"))
     cmd = [sys.executable, __file__, "--child", path, "--draft", args.draft, "--target", args.target,
            "--ks", ",".join(args.ks), "--temps", ",".join(map(str, args.temps)), "--prompts", str(args.prompts),
-           "--tokens", str(args.tokens), "--threads", str(args.threads)]
+           "--tokens", str(args.tokens), "--threads", str(args.threads), "--control", args.control]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"{path} failed:\n{out.stderr[-3000:]}")
@@ -164,24 +170,32 @@ def run_child(path: str, args) -> list:
 
 
 def summarize(path: str, temp: float, procs: list, ks: list) -> str:
-    """One table row: tokens/s per K (median over processes), and auto against the best fixed K and k=0."""
+    """One table row: tokens/s per K (median over processes), and auto against the best fixed K and k=0.
+
+    With a control arm (the same fixed K again), control / the best fixed K is what a rule that always
+    chose that K would read: the best of several noisy arms is biased up, and this measures by how much.
+    """
     rates = {k: [] for k in ks}
-    vs_best, vs_plain = [], []
+    vs_best, vs_plain, control = [], [], []
     for rows in procs:
         mine = [r for r in rows if r["temp"] == temp]
         per = {k: sum(r["tokens"] for r in mine if r["k"] == k) / sum(r["seconds"] for r in mine if r["k"] == k)
                for k in ks}
         for k in ks:
             rates[k].append(per[k])
-        fixed = [k for k in ks if k != "auto"]
+        fixed = [k for k in ks if k != "auto" and not k.endswith(AGAIN)]
         if "auto" in per and fixed:
             vs_best.append(per["auto"] / max(per[k] for k in fixed))
+        for k in ks:
+            if k.endswith(AGAIN) and fixed:
+                control.append(per[k] / max(per[j] for j in fixed))
         if "auto" in per and "0" in per:
             vs_plain.append(per["auto"] / per["0"])
     pairs = sum(1 for rows in procs for r in rows if r["temp"] == temp and r["k"] == "auto")
     cells = " | ".join(f"{statistics.median(rates[k]):.1f}" for k in ks)
     ratio = lambda xs: f"{statistics.median(xs):.3f} ({min(xs):.3f}-{max(xs):.3f})" if xs else "-"
-    return f"| {path} | {temp:g} | {cells} | {ratio(vs_best)} | {ratio(vs_plain)} | {pairs} |"
+    tail = f" {ratio(control)} |" if control else ""
+    return f"| {path} | {temp:g} | {cells} | {ratio(vs_best)} | {ratio(vs_plain)} | {pairs} |{tail}"
 
 
 def main() -> None:
@@ -190,6 +204,9 @@ def main() -> None:
     ap.add_argument("--target", default="smollm2-135m-f32")
     ap.add_argument("--draft", default="smollm2-135m-q4_1")
     ap.add_argument("--ks", default="auto,0,4,8", help="K per call: auto and fixed K, comma-separated")
+    ap.add_argument("--control", default="", metavar="K",
+                    help="add a second arm of fixed K (e.g. 0): its ratio to the best fixed K is the spread "
+                         "a rule that always picked K would read")
     ap.add_argument("--temps", default="0,0.8")
     ap.add_argument("--reps", type=int, default=2, help="fresh processes per path")
     ap.add_argument("--prompts", type=int, default=4)
@@ -198,6 +215,7 @@ def main() -> None:
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.ks = args.ks.split(",")
+    args.arms = args.ks + ([args.control + AGAIN] if args.control else [])
     args.temps = [float(t) for t in args.temps.split(",")]
     args.pair = (args.target, args.draft)
     if args.child:
@@ -214,12 +232,13 @@ def main() -> None:
             print(f"# rep {rep + 1}/{args.reps} {p}: {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
     print(f"\n{args.target} + {args.draft}, {args.tokens} tokens x {args.prompts} prompts per K per process, "
           f"{args.reps} fresh processes per path, each from an empty state folder\n")
-    print("| path | T | " + " | ".join(f"k={k} tok/s" for k in args.ks)
-          + " | auto / best fixed K | auto / k=0 | auto calls |")
-    print("|---|---|" + "---|" * len(args.ks) + "---|---|---|")
+    control = f" k={args.control} again / best fixed K |" if args.control else ""
+    print("| path | T | " + " | ".join(f"k={k} tok/s" for k in args.arms)
+          + " | auto / best fixed K | auto / k=0 | auto calls |" + control)
+    print("|---|---|" + "---|" * (len(args.arms) + 3) + ("---|" if control else ""))
     for p in paths:
         for temp in args.temps:
-            print(summarize(p, temp, results[p], args.ks))
+            print(summarize(p, temp, results[p], args.arms))
 
 
 if __name__ == "__main__":
