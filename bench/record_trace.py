@@ -25,7 +25,14 @@ draft proposes at every output position, given the true text before it and
 the earlier calls in its memory (``lookup``: the suffix length it matched,
 the tokens it proposed, how many of them are the text's), and the budget the
 answer may end before: the simulator then replays the lookup's rounds and
-the model's side by side. Greedy.
+the model's side by side.
+
+``--temperature T --seed S``: the answers are the target's seeded samples
+(top-k 40, top-p 0.95, min-p 0.05 as the server's defaults), verified by
+the shared-noise race as a seeded run is: the text is the same whatever is
+drafted, a lookup token is kept if it is the text's, and ``agree[i]`` is
+whether the draft's own race pick (its warped row, the same noise) is the
+text's token. Greedy by default.
 
 Writes JSON that simulator.load_trace reads (tests/data/ holds the ones the
 tests replay). Regime: the pair given, on this machine.
@@ -43,6 +50,8 @@ import statistics
 import time
 from pathlib import Path
 
+from dataclasses import replace
+
 import numpy as np
 
 import specgguf
@@ -51,6 +60,7 @@ from specgguf.llama import models
 from specgguf.engine.policy import Policy
 from specgguf.engine.rounds import Request, Rounds
 from specgguf.ops.sampling import Sampler
+from specgguf.ops.verify import race_pick
 
 PROMPTS = [
     "Write a short story about a robot who learns to paint.",
@@ -93,34 +103,39 @@ def costs(pair, ids, repeats: int) -> dict:
             "noise": float(np.std(np.log(singles)))}
 
 
-def answer(pair, llm, messages: list, tokens: int) -> tuple:
-    """(prompt ids, the target's greedy answer, agree: whether the draft's argmax
-    given the true text before each answer position is the target's token)."""
+def answer(pair, llm, messages: list, tokens: int, config: GenerationConfig) -> tuple:
+    """(prompt ids, the target's answer under ``config``, agree: whether the draft's
+    pick given the true text before each answer position is the target's token:
+    its argmax greedy, its race pick with the position's noise when sampling)."""
     ids = llm.tokenize(messages, chat=True)
-    out = llm.generate(ids, max_tokens=tokens, k=0).tokens
+    out = llm.generate(ids, config=replace(config, max_tokens=tokens, k=0)).tokens
     rows = pair.draft_model.model.eval((ids + out)[:-1], len(out))
-    return ids, out, [bool(a) for a in np.argmax(rows, axis=1) == np.array(out)]
+    if config.greedy:
+        return ids, out, [bool(a) for a in np.argmax(rows, axis=1) == np.array(out)]
+    sampler = Sampler.from_config(config, origin=len(ids))
+    picks = race_pick(sampler.warp(rows), sampler.seed, 0)
+    return ids, out, [bool(a) for a in np.asarray(picks) == np.array(out)]
 
 
-def agreement(pair, llm, prompt: str, tokens: int) -> tuple:
-    ids, _, agree = answer(pair, llm, [{"role": "user", "content": prompt}], tokens)
-    return len(ids), agree, prompt_measure(pair, ids)
+def agreement(pair, llm, prompt: str, tokens: int, config: GenerationConfig) -> tuple:
+    ids, _, agree = answer(pair, llm, [{"role": "user", "content": prompt}], tokens, config)
+    return len(ids), agree, prompt_measure(pair, ids, config)
 
 
-def workload_calls(pair, llm, names, n_items: int, tokens: int) -> list:
+def workload_calls(pair, llm, names, n_items: int, tokens: int, config: GenerationConfig) -> list:
     """The workloads' items as calls, in order, each with the lookup's proposals (module docstring)."""
     from specgguf.cli.workloads import REVISE, items
     from specgguf.ops.suffix import SuffixDrafter
     look, calls = SuffixDrafter(16384, n_min=2), []  # as the pair's lookup: its memory spans the calls
 
     def call(messages, workload):
-        ids, out, agree = answer(pair, llm, messages, tokens)
+        ids, out, agree = answer(pair, llm, messages, tokens, config)
         proposals = []
         for p in range(len(out)):
             got = look.propose(ids + out[:p], 32).tokens
             run = next((i for i, (a, b) in enumerate(zip(got, out[p:])) if a != b), min(len(got), len(out) - p))
             proposals.append([look.matched, len(got), run])
-        c = {"prompt": len(ids), "agree": agree, "measure": prompt_measure(pair, ids), "lookup": proposals,
+        c = {"prompt": len(ids), "agree": agree, "measure": prompt_measure(pair, ids, config), "lookup": proposals,
              "budget": tokens, "workload": workload}
         calls.append(c)
         print(f"  {messages[-1]['content'][:40]!r}: {len(ids)} + {len(out)} tokens, agreement {np.mean(agree):.2f}, "
@@ -131,21 +146,21 @@ def workload_calls(pair, llm, names, n_items: int, tokens: int) -> list:
         for messages, extra in items(name, n_items):
             if name in ("json",) or extra:
                 raise SystemExit("--workload records greedy answers without a schema: leave json out")
-            answer = call(messages, name + (" (first)" if name == "second-turn" else ""))
+            first = call(messages, name + (" (first)" if name == "second-turn" else ""))
             if name == "second-turn":
-                call(messages + [{"role": "assistant", "content": answer}, {"role": "user", "content": REVISE}], name)
+                call(messages + [{"role": "assistant", "content": first}, {"role": "user", "content": REVISE}], name)
     return calls
 
 
-def prompt_measure(pair, ids) -> list:
-    """``[acceptance, positions]`` a first greedy run measures on the prompt
+def prompt_measure(pair, ids, config: GenerationConfig = GenerationConfig()) -> list:
+    """``[acceptance, positions]`` a first run under ``config`` measures on the prompt
     ``ids`` in its prompt's round, from empty caches; ``[0, 0]``: too short to say."""
     pair.reset()
     policy, got = Policy(), []
     policy.measured = lambda regime, acceptance, positions: got.append((acceptance, positions))
-    sampler = Sampler.from_config(GenerationConfig(), origin=len(ids))
-    Rounds(pair.target.model, pair.rounds_drafter(sampler)).play([Request(ids, 16, frozenset(), sampler, "greedy",
-                                                                          policy)])
+    sampler = Sampler.from_config(config, origin=len(ids))
+    Rounds(pair.target.model, pair.rounds_drafter(sampler)).play([Request(ids, 16, frozenset(), sampler,
+                                                                          config.regime, policy)])
     return [float(got[0][0]), int(got[0][1])] if got else [0.0, 0]
 
 
@@ -161,16 +176,20 @@ def main() -> None:
     ap.add_argument("--measure-only", metavar="TRACE", help="add the prompt measurement to TRACE instead")
     ap.add_argument("--workload", help="record these built-in workloads (comma-separated) instead of chat prompts")
     ap.add_argument("--items", type=int, default=3, help="items per workload (default %(default)s)")
+    ap.add_argument("--temperature", type=float, default=0.0, help="sample the answers (default: greedy)")
+    ap.add_argument("--seed", type=int, default=0, help="the samples' seed (with --temperature)")
     args = ap.parse_args()
+    config = (GenerationConfig() if args.temperature == 0 else
+              GenerationConfig(temperature=args.temperature, top_k=40, top_p=0.95, min_p=0.05, seed=args.seed))
     if bool(args.out) == bool(args.measure_only):
         ap.error("give one of --out and --measure-only")
     llm = specgguf.SpeculativeLlama(args.target, args.draft)
     pair = llm.pair
     if args.measure_only:
         return add_measure(pair, llm, Path(args.measure_only))
-    calls = workload_calls(pair, llm, args.workload.split(","), args.items, args.tokens) if args.workload else []
+    calls = workload_calls(pair, llm, args.workload.split(","), args.items, args.tokens, config) if args.workload else []
     for p in PROMPTS if not args.workload else []:
-        n_prompt, agree, measure = agreement(pair, llm, p, args.tokens)
+        n_prompt, agree, measure = agreement(pair, llm, p, args.tokens, config)
         calls.append({"prompt": n_prompt, "agree": agree, "measure": measure})
         print(f"  {p[:40]!r}: {len(agree)} tokens, agreement {np.mean(agree):.2f}, "
               f"on the prompt {measure[0]:.2f} over {measure[1]}", flush=True)
@@ -182,7 +201,12 @@ def main() -> None:
           f"noise {c['noise']:.3f}")
     name = args.name or f"recorded: {Path(str(models.fetch(args.target))).stem} + {Path(str(models.fetch(args.draft))).stem}"
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"name": name, "costs": c, "calls": calls}, indent=1))
+    if args.temperature:
+        name += f", T = {args.temperature:g} seeded"
+    trace = {"name": name, "costs": c, "calls": calls}
+    if args.temperature:  # the simulator's regime: the run's settings
+        trace["config"] = {k: getattr(config, k) for k in ("temperature", "top_k", "top_p", "min_p", "seed")}
+    Path(args.out).write_text(json.dumps(trace, indent=1))
     print(f"wrote {args.out}")
 
 

@@ -17,7 +17,10 @@ workload, each way a user runs the pair (the draft model alone, the lookup
 alone, both: the defaults) against plain decoding, replayed in one process
 as bench/workloads.py runs them, and the ceiling in hindsight
 (simulator.hindsight: no rejected draft, no catch-up) of the lookup alone
-and of both.
+and of both. ``--target-ms`` re-prices them at other target costs: the
+round costs the engine itself timed (a policy's ``costs.target``) run
+higher for batches than bench/record_trace.py's bare forwards on Zen 4
+(a 6-token round 2.4x a token, not 1.7x: BENCHMARKS.md, "Real work").
 
 With --ablate, each of the policy's numbers (engine.policy.Tuning) set to
 the value that turns its feature off, or to a neighbour: the worst change,
@@ -25,7 +28,7 @@ over the traces, of k=auto's speed against the best fixed K (the minimum
 over seeds, from a fresh state, a poisoned one and through the engine). A
 number is kept only if some trace loses more than 0.01 without it.
 
-    .venv/bin/python bench/simulate.py [--seeds 3] [--engine | --workloads]
+    .venv/bin/python bench/simulate.py [--seeds 3] [--engine | --workloads [--target-ms 15,22.4,...] [--prompt-ms 1.4]]
     .venv/bin/python bench/simulate.py --ablate decay,guard   (about a minute a variant)
 """
 
@@ -72,10 +75,16 @@ def ablate(traces, seeds, names) -> None:
         print(f"| {name}: {VARIANTS[name]} | {change[t]:+.3f} | {t} |", flush=True)
 
 
-def workloads(seeds) -> None:
+def workloads(seeds, target_ms=None, prompt_ms=None) -> None:
+    """Each workload trace, each mode and the ceilings (module docstring); ``target_ms``: the target's
+    rounds of 1..9 tokens priced at these milliseconds instead, ``prompt_ms`` a prompt token."""
     modes = list(simulator.MODES)[1:]
     for path in sorted(DATA.glob("workloads_*.json")):
         trace = simulator.load_trace(path)
+        if target_ms or prompt_ms:
+            costs = replace(trace.costs, target=[ms / 1e3 for ms in target_ms or []] or trace.costs.target,
+                            target_per_token=prompt_ms / 1e3 if prompt_ms else trace.costs.target_per_token)
+            trace = replace(trace, costs=costs, name=trace.name + ", re-priced")
         print(f"{trace.name}: tokens/s over plain decoding's, median over {len(seeds)} seeds\n")
         print("| workload | " + " | ".join(modes) + " | ceiling in hindsight: lookup alone | both |")
         print("|---|" + "---|" * (len(modes) + 2))
@@ -93,12 +102,18 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--engine", action="store_true", help="through the engine's policy (serve) instead")
     ap.add_argument("--workloads", action="store_true", help="the workload traces, each mode against plain")
+    ap.add_argument("--target-ms", help="with --workloads: the target's rounds of 1..9 tokens at these ms "
+                                        "(comma-separated)")
+    ap.add_argument("--prompt-ms", type=float, help="with --workloads: a prompt token's ms")
     ap.add_argument("--ablate", metavar="NAMES", help=f"comma-separated, or 'all': {', '.join(VARIANTS)}")
     args = ap.parse_args()
     traces = simulator.regimes() + [simulator.load_trace(p) for p in sorted(DATA.glob("trace_*.json"))]
     seeds = range(args.seeds)
+    target_ms = [float(x) for x in args.target_ms.split(",")] if args.target_ms else None
+    if target_ms is not None and len(target_ms) != 9:
+        ap.error(f"--target-ms: 9 values (rounds of 1..9 tokens), got {len(target_ms)}")
     if args.workloads:
-        return workloads(seeds)
+        return workloads(seeds, target_ms, args.prompt_ms)
     if args.ablate:
         names = list(VARIANTS) if args.ablate == "all" else args.ablate.split(",")
         unknown = [n for n in names if n not in VARIANTS]
