@@ -17,10 +17,11 @@ workload, each way a user runs the pair (the draft model alone, the lookup
 alone, both: the defaults) against plain decoding, replayed in one process
 as bench/workloads.py runs them, and the ceiling in hindsight
 (simulator.hindsight: no rejected draft, no catch-up) of the lookup alone
-and of both. ``--target-ms`` re-prices them at other target costs: the
-round costs the engine itself timed (a policy's ``costs.target``) run
-higher for batches than bench/record_trace.py's bare forwards on Zen 4
-(a 6-token round 2.4x a token, not 1.7x: BENCHMARKS.md, "Real work").
+and of both. ``--target-ms`` re-prices them at other target costs (for
+example a policy's ``costs.target`` after real work in process): a batch's
+price grows with the context before it, and workloads_here.json was timed
+after 80 tokens, where a 6-token round costs Zen 4 1.7x a token; after the
+300-400 its prompts hold, 2.2-2.4x (BENCHMARKS.md, "Real work").
 
 With --ablate, each of the policy's numbers (engine.policy.Tuning) set to
 the value that turns its feature off, or to a neighbour: the worst change,

@@ -126,14 +126,16 @@ def test_a_recorded_prompt_measurement_is_what_the_first_run_measures():
     assert simulator._prompt_measure(Call(prompt=40, agree=[True] * 40)) == (1.0, 32)  # not recorded: the text's start
 
 
-def test_the_defaults_on_real_work_keep_the_better_of_their_two_drafts():
+@pytest.mark.parametrize("name", ["workloads_here.json", "workloads_here_t08.json"])
+def test_the_defaults_on_real_work_keep_the_better_of_their_two_drafts(name):
     """Replayed from real work recorded here (code edits, quotes, second turns,
-    chat; bench/record_trace.py --workload): with the lookup in front of the
-    draft model, as a user gets them, each workload runs at least 0.98x plain
-    decoding and at least 0.95 of the better of the draft model alone and the
-    lookup alone. A first edit's catch-up priced per round, and on a guessed
-    price, kept the defaults at 0.88 of the lookup alone on code edits."""
-    trace = simulator.load_trace(DATA / "workloads_here.json")
+    chat, greedy; edits and quotes at T = 0.8 seeded; bench/record_trace.py
+    --workload): with the lookup in front of the draft model, as a user gets
+    them, each workload runs at least 0.98x plain decoding and at least 0.95
+    of the better of the draft model alone and the lookup alone. A first
+    edit's catch-up priced per round, and on a guessed price, kept the
+    defaults at 0.88 of the lookup alone on code edits."""
+    trace = simulator.load_trace(DATA / name)
     for workload, got in simulator.by_workload(trace, seeds=(0, 1)).items():
         mid = {m: np.median(v) for m, v in got.items()}
         assert mid["default"] >= 0.98, (workload, mid)
