@@ -92,14 +92,20 @@ def costs(pair, ids, repeats: int, context: int = 80) -> dict:
         model.eval(base[:-n], 1)
         return seconds(lambda: model.eval(base, rows, proposed))
 
-    def med(fn, n=repeats):
-        return statistics.median(fn() for _ in range(n))
+    def meds(fns, n=repeats):
+        """Each timing's median over ``n`` passes, the timings in turns within a pass: timed one
+        size after another, a slow spell made 4- and 5-token batches dearer than 6-token ones."""
+        got = [[] for _ in fns]
+        for _ in range(n):
+            for out, fn in zip(got, fns):
+                out.append(fn())
+        return [statistics.median(x) for x in got]
 
     few = max(3, repeats // 3)
-    t = [med(lambda: timed(target, b, b, b - 1)) for b in range(1, 10)]
-    d = [med(lambda: timed(draft, n, 1)) for n in range(1, 10)]
-    long = [med(lambda: timed(draft, n, 1), few) for n in (32, 64)]
-    read = [med(lambda: timed(target, n, 1), few) for n in (32, 64)]
+    t = meds([lambda b=b: timed(target, b, b, b - 1) for b in range(1, 10)])
+    d = meds([lambda n=n: timed(draft, n, 1) for n in range(1, 10)])
+    long = meds([lambda n=n: timed(draft, n, 1) for n in (32, 64)], few)
+    read = meds([lambda n=n: timed(target, n, 1) for n in (32, 64)], few)
     singles = [timed(target, 1, 1) for _ in range(repeats)]
     return {"target": t, "draft": d, "catchup_per_token": float(max(0.0, (long[1] - long[0]) / 32)),
             "target_per_token": float(max(0.0, (read[1] - read[0]) / 32)),
