@@ -38,8 +38,11 @@ Writes JSON that simulator.load_trace reads (tests/data/ holds the ones the
 tests replay). Regime: the pair given, on this machine.
 
     .venv/bin/python bench/record_trace.py --draft smollm2-135m-q4_1 --out tests/data/trace_good_draft.json
-    .venv/bin/python bench/record_trace.py --workload code-edit,doc-quote,second-turn,chat --tokens 128 \
+    .venv/bin/python bench/record_trace.py --workload code-edit,doc-quote,second-turn --tokens 128 \
         --out tests/data/workloads_here.json
+    .venv/bin/python bench/record_trace.py --workload chat --tokens 128 --out tests/data/workloads_here_chat.json
+    .venv/bin/python bench/record_trace.py --workload code-edit,doc-quote --items 6 --tokens 128 \
+        --temperature 0.8 --seed 1234 --out tests/data/workloads_here_t08.json
 """
 
 from __future__ import annotations

@@ -19,9 +19,9 @@ as bench/workloads.py runs them, and the ceiling in hindsight
 (simulator.hindsight: no rejected draft, no catch-up) of the lookup alone
 and of both. ``--target-ms`` re-prices them at other target costs (for
 example a policy's ``costs.target`` after real work in process): a batch's
-price grows with the context before it, and workloads_here.json was timed
-after 80 tokens, where a 6-token round costs Zen 4 1.7x a token; after the
-300-400 its prompts hold, 2.2-2.4x (BENCHMARKS.md, "Real work").
+price grows with the context before it (on Zen 4 a 6-token round costs
+1.7x a token after 80 tokens, 2.2-2.4x after 300-400), and each trace is
+timed after as much as its prompts hold (BENCHMARKS.md, "Real work").
 
 With --ablate, each of the policy's numbers (engine.policy.Tuning) set to
 the value that turns its feature off, or to a neighbour: the worst change,

@@ -126,10 +126,17 @@ def test_a_recorded_prompt_measurement_is_what_the_first_run_measures():
     assert simulator._prompt_measure(Call(prompt=40, agree=[True] * 40)) == (1.0, 32)  # not recorded: the text's start
 
 
-@pytest.mark.parametrize("name", ["workloads_here.json", "workloads_here_t08.json"])
+# Short of the bound, known and measured (BENCHMARKS.md, "Real work"): open chat where the draft costs
+# 0.69 of a 14 ms token, so no K pays (the ceiling in hindsight is 1.07x): the first call's measurement
+# of the draft on its prompt (135 ms of 2 s) is most of the 0.96x, over three calls.
+CHAT_SHORT = pytest.mark.xfail(strict=True, reason="the draft cannot pay; learning it costs 4% of three calls")
+
+
+@pytest.mark.parametrize("name", ["workloads_here.json", "workloads_here_t08.json",
+                                  pytest.param("workloads_here_chat.json", marks=CHAT_SHORT)])
 def test_the_defaults_on_real_work_keep_the_better_of_their_two_drafts(name):
-    """Replayed from real work recorded here (code edits, quotes, second turns,
-    chat, greedy; edits and quotes at T = 0.8 seeded; bench/record_trace.py
+    """Replayed from real work recorded here (code edits, quotes, second turns
+    greedy; edits and quotes at T = 0.8 seeded; open chat; bench/record_trace.py
     --workload): with the lookup in front of the draft model, as a user gets
     them, each workload runs at least 0.98x plain decoding and at least 0.95
     of the better of the draft model alone and the lookup alone. A first
