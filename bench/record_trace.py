@@ -51,9 +51,8 @@ import argparse
 import json
 import statistics
 import time
-from pathlib import Path
-
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 
