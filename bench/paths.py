@@ -21,7 +21,9 @@ touch nothing it learns). Printed per path and temperature: tokens/s per K
 (median over repetitions of each process's total), and two ratios measured
 in the same processes: auto / the best fixed K (the issue's good-draft
 target: >= 0.95) and auto / plain decoding (k=0; the poor draft's floor:
->= 0.98). For DraftModel, k=0 is DraftModel(k=0) on the same Llama (llama-
+>= 0.98). ``--control K`` adds a second arm of fixed K: its ratio to the best
+fixed K is what a rule that always chose K reads, the measurement's own floor
+(the best of several noisy arms reads high). For DraftModel, k=0 is DraftModel(k=0) on the same Llama (llama-
 cpp-python then decodes one token a step, with logits_all as any draft forces).
 
 Regime: the default SmolLM2 pair on this machine (an F32 135M target whose
