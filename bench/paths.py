@@ -23,8 +23,9 @@ in the same processes: auto / the best fixed K (the issue's good-draft
 target: >= 0.95) and auto / plain decoding (k=0; the poor draft's floor:
 >= 0.98). ``--control K`` adds a second arm of fixed K: its ratio to the best
 fixed K is what a rule that always chose K reads, the measurement's own floor
-(the best of several noisy arms reads high). For DraftModel, k=0 is DraftModel(k=0) on the same Llama (llama-
-cpp-python then decodes one token a step, with logits_all as any draft forces).
+(the best of several noisy arms reads high). For DraftModel, k=0 is
+DraftModel(k=0) on the same Llama (llama-cpp-python then decodes one token a
+step, with logits_all as any draft forces).
 
 Regime: the default SmolLM2 pair on this machine (an F32 135M target whose
 Q4_1 draft costs about half a target step: drafting's ceiling is 1.0-1.4x by machine;
@@ -52,13 +53,13 @@ ROOT = Path(__file__).resolve().parent.parent
 PATHS = ("cli", "generate", "generate-llama", "speculative-llama", "serve", "draftmodel")
 
 
+AGAIN = " again"  # a control arm's label: "0 again" is k=0 in a second arm
+
+
 def kval(k: str):
-    """An arm's K: "auto", a fixed K, or a control ("0 again": the same K in a second arm)."""
+    """An arm's K: "auto", a fixed K, or a control's (the same K in a second arm)."""
     k = k.removesuffix(AGAIN)
     return k if k == "auto" else int(k)
-
-
-AGAIN = " again"
 
 
 class Caller:

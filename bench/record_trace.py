@@ -28,7 +28,7 @@ answer may end before: the simulator then replays the lookup's rounds and
 the model's side by side.
 
 ``--temperature T --seed S``: the answers are the target's seeded samples
-(top-k 40, top-p 0.95, min-p 0.05 as the server's defaults), verified by
+(GenerationConfig's default warp, as the server's), verified by
 the shared-noise race as a seeded run is: the text is the same whatever is
 drafted, a lookup token is kept if it is the text's, and ``agree[i]`` is
 whether the draft's own race pick (its warped row, the same noise) is the
@@ -39,10 +39,11 @@ tests replay). Regime: the pair given, on this machine.
 
     .venv/bin/python bench/record_trace.py --draft smollm2-135m-q4_1 --out tests/data/trace_good_draft.json
     .venv/bin/python bench/record_trace.py --workload code-edit,doc-quote,second-turn --tokens 128 \
-        --out tests/data/workloads_here.json
-    .venv/bin/python bench/record_trace.py --workload chat --tokens 128 --out tests/data/workloads_here_chat.json
+        --name "recorded: code edits, quotes, second turns, greedy" --out tests/data/workloads_here.json
+    .venv/bin/python bench/record_trace.py --workload chat --tokens 128 --name "recorded: open chat, greedy" \
+        --out tests/data/workloads_here_chat.json
     .venv/bin/python bench/record_trace.py --workload code-edit,doc-quote --items 6 --tokens 128 \
-        --temperature 0.8 --seed 1234 --out tests/data/workloads_here_t08.json
+        --temperature 0.8 --seed 1234 --name "recorded: code edits, quotes" --out tests/data/workloads_here_t08.json
 """
 
 from __future__ import annotations
@@ -190,8 +191,7 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.0, help="sample the answers (default: greedy)")
     ap.add_argument("--seed", type=int, default=0, help="the samples' seed (with --temperature)")
     args = ap.parse_args()
-    config = (GenerationConfig() if args.temperature == 0 else
-              GenerationConfig(temperature=args.temperature, top_k=40, top_p=0.95, min_p=0.05, seed=args.seed))
+    config = GenerationConfig(temperature=args.temperature, seed=args.seed if args.temperature else None)
     if bool(args.out) == bool(args.measure_only):
         ap.error("give one of --out and --measure-only")
     llm = specgguf.SpeculativeLlama(args.target, args.draft)
@@ -207,17 +207,16 @@ def main() -> None:
     pair.reset()
     ids = llm.tokenize([{"role": "user", "content": PROMPTS[2]}], chat=True)
     # Timed after as many tokens as the calls' prompts hold on average (chat: about 40; work: hundreds).
-    context = max(80, round(statistics.mean(c["prompt"] for c in calls))) if calls else 80
+    context = max(80, round(statistics.mean(call["prompt"] for call in calls))) if calls else 80
     c = costs(pair, ids, args.repeats, context)
     print(f"  target per batch size (ms): {[round(1e3 * x, 1) for x in c['target']]}; draft per batch size: "
           f"{[round(1e3 * x, 1) for x in c['draft']]}, then {1e3 * c['catchup_per_token']:.2f} ms/token; "
           f"noise {c['noise']:.3f}; after {context} tokens of context")
     name = args.name or f"recorded: {Path(str(models.fetch(args.target))).stem} + {Path(str(models.fetch(args.draft))).stem}"
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    if args.temperature:
-        name += f", T = {args.temperature:g} seeded"
     trace = {"name": name, "costs": c, "calls": calls}
-    if args.temperature:  # the simulator's regime: the run's settings
+    if not config.greedy:  # the simulator's regime: the run's settings
+        trace["name"] += f", T = {args.temperature:g} seeded"
         trace["config"] = {k: getattr(config, k) for k in ("temperature", "top_k", "top_p", "min_p", "seed")}
     Path(args.out).write_text(json.dumps(trace, indent=1))
     print(f"wrote {args.out}")

@@ -83,7 +83,7 @@ def workloads(seeds, target_ms=None, prompt_ms=None) -> None:
     for path in sorted(DATA.glob("workloads_*.json")):
         trace = simulator.load_trace(path)
         if target_ms or prompt_ms:
-            costs = replace(trace.costs, target=[ms / 1e3 for ms in target_ms or []] or trace.costs.target,
+            costs = replace(trace.costs, target=[ms / 1e3 for ms in target_ms] if target_ms else trace.costs.target,
                             target_per_token=prompt_ms / 1e3 if prompt_ms else trace.costs.target_per_token)
             trace = replace(trace, costs=costs, name=trace.name + ", re-priced")
         print(f"{trace.name}: tokens/s over plain decoding's, median over {len(seeds)} seeds\n")
@@ -113,6 +113,8 @@ def main() -> None:
     target_ms = [float(x) for x in args.target_ms.split(",")] if args.target_ms else None
     if target_ms is not None and len(target_ms) != 9:
         ap.error(f"--target-ms: 9 values (rounds of 1..9 tokens), got {len(target_ms)}")
+    if (target_ms or args.prompt_ms) and not args.workloads:
+        ap.error("--target-ms and --prompt-ms re-price the workload traces: use them with --workloads")
     if args.workloads:
         return workloads(seeds, target_ms, args.prompt_ms)
     if args.ablate:
