@@ -207,7 +207,7 @@ def _run_call(call: Call, length: DraftLength, regime: str, clock: _Clock, evalu
         context, remaining = call.prompt + pos, call.asked - pos
         cap = 0 if rounds == 0 else min(length.k_max, remaining - 1)
         view = SlotView(regime, cap, False, call.prompt if rounds == 0 else 1, context - evaluated,
-                        remaining, after_miss)
+                        remaining, after_miss, emitted=pos)
         counts = length.batches_to_time(view)
         if counts:  # the draft's batches timed on the context's head, which it keeps (Rounds._time_batches)
             forwards = [(c, clock.c.draft_cost(c)) for c in counts]
