@@ -5,15 +5,15 @@ Each round drafts, per sequence, the K with the most expected tokens
 (:mod:`~specgguf.engine.costs`: nothing stored prices a round, identical
 processes differ by 20%); plain decoding is always a candidate. A regime
 nothing is known of is probed by one sequence (or measured on its prompt:
-:meth:`Policy.worth_measuring`); a lone sequence that stopped drafting
-retries after ``retry`` plain rounds (twice as many after each retry that did
-not hold) if the draft would pay at its optimistic acceptance or at a doubted
-price, asking every ``recheck`` rounds, as a batch that drafted nothing does. A
-draft's catch-up (a new prompt, or text it skipped) is paid once for the
-tokens a sequence is expected to emit yet, as long as recent answers ran
-(:meth:`Policy.left`); a long one is priced only once draft batches were timed
-(:meth:`Policy.batches_to_time`). Every number is in :class:`~specgguf.engine.tuning.Tuning`.
-Nothing here touches models, files or the clock."""
+:meth:`Policy.worth_measuring`). Where the draft does not pay, the choice is
+made every ``recheck`` rounds (a lone sequence's once ``recheck`` in a row
+drafted nothing), and a lone sequence retries after ``retry`` plain rounds
+(twice as many after a retry that did not hold) if the draft would pay at its
+optimistic acceptance or at a doubted price, asking every ``recheck`` rounds. A
+draft's catch-up (a new prompt, or text it skipped) is paid once for the tokens a
+sequence is expected to emit yet, as long as recent answers ran (:meth:`Policy.left`);
+a long one is priced only once draft batches were timed (:meth:`Policy.batches_to_time`).
+Every number is in :class:`~specgguf.engine.tuning.Tuning`; nothing here touches models, files or the clock."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ class Policy:
         self.regimes: Dict[str, Regime] = {}
         self.answers: Deque[Tuple[int, bool]] = deque(maxlen=16)  # recent answers' lengths, and whether cut
         self.can_time = False  # its rounds time draft batches when asked (batches_to_time)
-        self.resting = 0  # batch rounds in a row it chose to draft nothing for
+        self.resting = 0  # rounds in a row it chose to draft nothing for
 
     def regime(self, name: str) -> Regime:
         return self.regimes[name] if name in self.regimes else self.regimes.setdefault(name, Regime(self.k_max, self.t))
@@ -57,8 +57,7 @@ class Policy:
         return Policy(self.k_max, self.costs.count_passes, self.costs.free, clock=False, tuning=self.t)
 
     def begin(self, regime: str, prior: Optional[float] = None, record: Optional[dict] = None) -> None:
-        """On ``regime``'s first use: what was known before this process (a
-        measured acceptance ``prior``, a stored ``record``); later calls add nothing."""
+        """On ``regime``'s first use, what was known before (a measured ``prior``, a stored ``record``)."""
         if regime not in self.regimes:
             r = self.regime(regime)
             if prior is not None:
@@ -72,8 +71,7 @@ class Policy:
 
     @property
     def cold(self) -> bool:
-        """Whether its runs start from empty caches: a policy blind to the clock
-        (a seeded p/q text) weighs what is cached, which must not move the text."""
+        """Its runs start from empty caches when blind to the clock (a seeded p/q text must not move with them)."""
         return not self.clock
 
     def draft_lag(self, lag: Callable[[], int]) -> int:
@@ -100,11 +98,10 @@ class Policy:
         self.answers.append((emitted, at_budget))
 
     def left(self, v: SlotView) -> int:
-        """The tokens ``v``'s sequence is expected to emit yet: within what it may
-        (``remaining``), as long as the recent answers that ran past its ``emitted``
-        went on (all of it while none is known). Answers end before their budget
-        (code edits here at 80 of 128): a catch-up priced over the budget paid for
-        tokens that never came."""
+        """The tokens ``v``'s sequence is expected to emit yet: within what it may (``remaining``),
+        as long as the recent answers that ran past its ``emitted`` went on (all of it while none
+        is known). Answers end before their budget (code edits here at 80 of 128): a catch-up
+        priced over the budget paid for tokens that never came."""
         n = v.remaining or self.t.unknown_left
         longer = [n if cut else min(n, e - v.emitted) for e, cut in self.answers if e > v.emitted]
         return max(1, round(sum(longer) / len(longer))) if longer else n
@@ -122,13 +119,16 @@ class Policy:
     def choose(self, views: Sequence[SlotView]) -> List[int]:
         """K for each sequence (see the module docstring)."""
         r = [self.regime(v.regime) for v in views][0]  # every regime seen from its first round
-        rest = (len(views) > 1 and not self.costs.free and self.resting % self.t.recheck  # the model's, idle
-                and all(self.regime(v.regime).known for v in views))
+        due = len(views) == 1 and not views[0].fixed and views[0].cap > 0 and r.idle >= r.wait  # a retry
+        retry = due and (self.costs.free or (r.idle - r.wait) % self.t.recheck == 0) and self.clock
+        # The model's choice costs 0.1-0.8 ms a round: idle, it is made every `recheck` rounds, a lone
+        # sequence's once `recheck` in a row drafted nothing (a plain round after a miss is often one).
+        rest = (not self.costs.free and self.resting % self.t.recheck and all(self.regime(v.regime).known
+                for v in views) and (len(views) > 1 or (self.resting > self.t.recheck and not retry)))
         if (self.clock and not self.costs.target.s) or rest:
             self.resting += bool(rest)
             return [v.cap if v.fixed else 0 for v in views]
-        due = len(views) == 1 and not views[0].fixed and views[0].cap > 0 and r.idle >= r.wait  # a retry
-        if due and (self.costs.free or (r.idle - r.wait) % self.t.recheck == 0) and self.clock:
+        if retry:
             for hope in (True, False):  # the draft may accept more now, or cost less than when timed
                 best, gain = self._best(views, optimistic=hope, doubt=not hope)
                 if best[0] and gain >= self.t.retry_gain:
@@ -137,7 +137,7 @@ class Policy:
                         self.costs.draft.forget()
                     return best
         best = self._best(views)[0]
-        self.resting = self.resting + 1 if len(views) > 1 and not any(best) else 0
+        self.resting = 0 if any(best) else self.resting + any(v.cap > 0 for v in views)  # chosen, not forced
         return best
 
     def _best(self, views: Sequence[SlotView], hope=False, optimistic=False, doubt=False) -> tuple:

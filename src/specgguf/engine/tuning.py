@@ -35,6 +35,7 @@ class Tuning:
     pace_share: float = 0.5    # of a count's move in price, the share taken as the machine's pace (all counts)
     settle: int = 4            # readings of a count before its moves are the pace's (a first may be a warm-up)
     batch_timing: tuple = (1, 31)  # draft forwards timed (tokens) before a long catch-up is first priced
-    recheck: int = 4           # a batch that drafted nothing, or a lone sequence's retry (not a lookup's:
-    # cheap), asks again every this many rounds (a choice over 8 slots takes 0.8 ms of a 47 ms round, a
-    # lone retry's 0.3 ms of a 15-20 ms one: 2-3% where the draft does not pay)
+    recheck: int = 4           # a batch that drafted nothing, a lone sequence once this many rounds in a
+    # row did, and its retries (not a lookup's: cheap) ask again every this many rounds (a choice over 8
+    # slots takes 0.8 ms of a 47 ms round, a lone one's 0.13 ms of 9 ms, a retry's 0.3: 1-3% where the
+    # draft does not pay)
