@@ -663,3 +663,20 @@ def test_a_batch_that_drafted_nothing_asks_again_every_recheck_rounds():
     lone.measured("greedy", 0.99, 640)
     chosen = [lone.choose(four[:1])[0] for _ in range(p.t.recheck)]
     assert chosen[:-1] == [0] * (p.t.recheck - 1) and chosen[-1] > 0  # resting, then the recheck
+
+
+def test_a_retry_bets_on_acceptance_not_on_the_flat_price_of_an_untimed_batch():
+    """A lookup that verdicts on two positions made optimistic retries a whole
+    copy at a time: on seeded T = 0.8 chat, K = 27 priced as the 4-token batch,
+    the longest timed (a 28-token batch costs 3x that). A retry prices batches
+    longer than any timed at the slope guessed; a steady choice still hopes, so
+    that one round times them (revisions replayed 7% slower without it)."""
+    p = Policy(32, free_draft=True)
+    view = SlotView("greedy", 27, remaining=1000)
+    for n in (1, 2, 4) * 4:
+        p.round_done([view], [n - 1], Measured(n, HERE["target"](n), (), n, 0.0))
+    p.observe("greedy", 2, 1)  # one verdict: half of two tokens kept
+    for _ in range(Tuning.retry):
+        p.round_done([view], [0], Measured(1, HERE["target"](1), (), 1, 0.0))
+    assert 0 < p.choose([view])[0] <= 8  # retried, without betting the copy on an unpriced batch
+    assert p.costs.pricer([view], hope=False)([27]) > 2 * p.costs.pricer([view])([27])

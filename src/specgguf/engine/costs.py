@@ -240,10 +240,11 @@ class Costs:
         return self.pricer(views, doubt)(ks)
 
     def pricer(self, views: Sequence[SlotView], doubt: bool = False,
-               per_round: Optional[Sequence[bool]] = None) -> "Pricer":
+               per_round: Optional[Sequence[bool]] = None, hope: bool = True) -> "Pricer":
         """:meth:`seconds` for these ``views`` as a function of ``ks`` (see :class:`Pricer`;
-        ``per_round[i]`` False: without sequence i's catch-up, which the caller weighs itself)."""
-        return Pricer(self, views, doubt, per_round)
+        ``per_round[i]`` False: without sequence i's catch-up, which the caller weighs itself;
+        ``hope`` False: no forward priced hopefully)."""
+        return Pricer(self, views, doubt, per_round, hope)
 
 
 class Pricer:
@@ -254,14 +255,14 @@ class Pricer:
     once here, by their tokens, and a scan costs O(K), not O(K x (slots + K))."""
 
     def __init__(self, costs: Costs, views: Sequence[SlotView], doubt: bool,
-                 per_round: Optional[Sequence[bool]] = None) -> None:
+                 per_round: Optional[Sequence[bool]] = None, hope: bool = True) -> None:
         self.costs, self.views, self.known = costs, views, {}
         self.lag = sum(v.target_lag for v in views)
         # A forward longer than any timed is priced hopefully (flat) for a lone sequence only:
         # beside others a failed hope is paid by every slot of the round, and the round that
         # tries it may carry the draft's catch-up on every slot's prompt (BENCHMARKS.md,
         # "one to eight users").
-        self.hope = len(views) == 1
+        self.hope = hope and len(views) == 1
         self.steady = [min(max(1, v.draft_lag), costs.steady) for v in views]
         # draft[n]: one draft forward over n tokens (draft[0] = 0: no forward)
         self.draft = [costs.draft_forward(n, doubt) for n in range(max(sum(self.steady), len(views)) + 2)]

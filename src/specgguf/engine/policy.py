@@ -141,11 +141,10 @@ class Policy:
         return best
 
     def _best(self, views: Sequence[SlotView], hope=False, optimistic=False, doubt=False) -> tuple:
-        """The best common K, then each sequence's own in turn, scored as expected
-        tokens minus ``rate`` x seconds (``rate``: the best tokens/s of a steady
-        round); and that rate over plain decoding's. ``hope``: every position
-        accepted at 0.99. One sequence of a regime not known probes; the
-        others of its regime wait for its verdict."""
+        """The best common K, then each sequence's own in turn, scored as expected tokens minus
+        ``rate`` x seconds (``rate``: the best tokens/s of a steady round); and that rate over plain
+        decoding's. ``hope``: every position accepted at 0.99. One sequence of a regime not known
+        probes; the others of its regime wait for its verdict."""
         first, capped, explore = set(), [], []
         for v in views:
             probe = not v.fixed and not self.regime(v.regime).known
@@ -168,7 +167,8 @@ class Policy:
         grid = sorted({*range(min(longest, AUTO_K_MAX) + 1), *(k for k in (12, 16, 24) if k < longest), longest})
         commons = [[v.cap if v.fixed else min(k, v.cap) for v in capped] for k in grid]  # a lookup's 32: refined below
         total = lambda ks: sum(g[k] for g, k in zip(gains, ks))  # noqa: E731
-        steady_price, price = self.costs.pricer(steady, doubt), self.costs.pricer(capped, doubt, explore)
+        flat = not optimistic  # a retry bets on acceptance, not on untimed batches' flat prices (a lookup's K=27)
+        steady_price, price = (self.costs.pricer(*a, flat) for a in ((steady, doubt, None), (capped, doubt, explore)))
         # A catch-up of C seconds is paid once for the n tokens a sequence is expected to emit yet:
         # drafting then runs at E / (s + C E / n) (C / n per token, not per round: a 345-token
         # prompt's catch-up looked 8x cheaper so), and each drafted token is worth 1 - rate C / n of
