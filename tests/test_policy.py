@@ -425,6 +425,25 @@ def test_a_count_read_once_is_priced_at_most_on_its_neighbours_line_until_it_set
     assert t(4) == pytest.approx(t.s[4] * t.pace[0]) and t(4) > line  # settled: as timed
 
 
+def test_a_first_decode_timed_slow_does_not_price_plain_decoding_above_a_batch():
+    """After a draft read the prompt, a first one-token forward read 15.5 ms
+    where one takes 10; a lone sequence that then drafts K = 1 every round
+    never reads one token again, and plain decoding, priced at 15.5, made a
+    poor draft's K = 1 look 1.3x where it ran 0.8x. Until the count settles,
+    one token is priced at most as the 2-token forwards read since."""
+    p = Policy(8)
+    view = SlotView("greedy", 8, draft_lag=2, remaining=1000)
+    p.round_done([view], [0], Measured(1, 0.0155))
+    for _ in range(8):  # K = 1 rounds as timed here: the target's 2 tokens, the Q2_K draft's 2
+        p.round_done([view], [1], Measured(2, 0.0117, [(2, 0.0081, 1)], 2, 0.0004))
+    assert p.costs.target(1) == pytest.approx(p.costs.target(2))
+    c = p.costs  # K = 1 at the Q2_K draft's acceptance on T = 0.8 chat, 0.68: 1.68 tokens a round
+    assert 1.68 * c.seconds([view], [0]) / c.seconds([view], [1]) < 1.02  # priced at 15.5 ms: 1.29x
+    for _ in range(Tuning.settle):
+        p.round_done([view], [0], Measured(1, 0.0100))
+    assert p.costs.target(1) < 0.011  # settled: as read
+
+
 def test_noise_in_one_count_does_not_move_the_others_prices():
     """Plain rounds at four slots read one count (4 tokens) hundreds of times.
     Moving the pace half way to each reading and then that count's shape to

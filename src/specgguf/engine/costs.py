@@ -127,11 +127,12 @@ class Timed:
             return 1 + self.slope * (n - 1)
         i = bisect_right(self._counts, n)  # counts[:i] <= n < counts[i:]
         got = min(self._shape(n, i, hope), self.spike * self._least_from[i])
-        if 0 < self.reads.get(n, 0) < self.settle and 0 < i - 1 < len(self._counts) - 1:
-            # A count read only a few times is priced at most on the line through its neighbours: its
-            # first forward may have built a new graph (a 4-token verification read 41 ms against 22),
-            # and priced so, it was never read again (short lookups ran plain for good).
-            got = min(got, self._line(self._counts[i - 2], self._counts[i], n))
+        if 0 < self.reads.get(n, 0) < self.settle and i < len(self._counts):
+            # A count read only a few times is priced at most as a longer one, and between two on the
+            # line through them: its first forward may have built a new graph (a 4-token verification
+            # read 41 ms against 22; a first decode 15.5 against 10), and priced so, it was never read
+            # again (short lookups ran plain for good; a poor draft drafted K = 1 at 0.8x plain).
+            got = min(got, self._least_from[i], self._line(self._counts[i - 2], self._counts[i], n) if i > 1 else got)
         return got
 
     def _line(self, lo: int, hi: int, n: int) -> float:
