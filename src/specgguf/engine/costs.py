@@ -132,7 +132,9 @@ class Timed:
             # line through them: its first forward may have built a new graph (a 4-token verification
             # read 41 ms against 22; a first decode 15.5 against 10), and priced so, it was never read
             # again (short lookups ran plain for good; a poor draft drafted K = 1 at 0.8x plain).
-            got = min(got, self._least_from[i], self._line(self._counts[i - 2], self._counts[i], n) if i > 1 else got)
+            got = min(got, self._least_from[i])
+            if i > 1:
+                got = min(got, self._line(self._counts[i - 2], self._counts[i], n))
         return got
 
     def _line(self, lo: int, hi: int, n: int) -> float:
@@ -262,7 +264,7 @@ class Pricer:
         # A forward longer than any timed is priced hopefully (flat) for a lone sequence only:
         # beside others a failed hope is paid by every slot of the round, and the round that
         # tries it may carry the draft's catch-up on every slot's prompt (BENCHMARKS.md,
-        # "one to eight users").
+        # "one to eight users"); and not for a retry (``hope`` False), which already hopes.
         self.hope = hope and len(views) == 1
         self.steady = [min(max(1, v.draft_lag), costs.steady) for v in views]
         # draft[n]: one draft forward over n tokens (draft[0] = 0: no forward)

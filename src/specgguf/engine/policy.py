@@ -1,10 +1,9 @@
 """``k="auto"``: how many tokens each sequence drafts next round, on every path.
 
-Each round drafts, per sequence, the K with the most expected tokens
-(:mod:`~specgguf.engine.acceptance`) per second the round costs here
-(:mod:`~specgguf.engine.costs`: nothing stored prices a round, identical
-processes differ by 20%); plain decoding is always a candidate. A regime
-nothing is known of is probed by one sequence (or measured on its prompt:
+Each round drafts, per sequence, the K with the most expected tokens (:mod:`~specgguf.engine.acceptance`)
+per second the round costs here (:mod:`~specgguf.engine.costs`: nothing stored prices a round,
+identical processes differ by 20%); plain decoding is always a candidate. A regime nothing is
+known of is probed by one sequence (or measured on its prompt:
 :meth:`Policy.worth_measuring`). Where the draft does not pay, the choice is
 made every ``recheck`` rounds (a lone sequence's once ``recheck`` in a row
 drafted nothing), and a lone sequence retries after ``retry`` plain rounds
@@ -167,8 +166,9 @@ class Policy:
         grid = sorted({*range(min(longest, AUTO_K_MAX) + 1), *(k for k in (12, 16, 24) if k < longest), longest})
         commons = [[v.cap if v.fixed else min(k, v.cap) for v in capped] for k in grid]  # a lookup's 32: refined below
         total = lambda ks: sum(g[k] for g, k in zip(gains, ks))  # noqa: E731
-        flat = not optimistic  # a retry bets on acceptance, not on untimed batches' flat prices (a lookup's K=27)
-        steady_price, price = (self.costs.pricer(*a, flat) for a in ((steady, doubt, None), (capped, doubt, explore)))
+        # A retry bets on acceptance, not also on untimed batches' flat prices (a lookup's K = 27).
+        steady_price = self.costs.pricer(steady, doubt, hope=not optimistic)
+        price = self.costs.pricer(capped, doubt, explore, hope=not optimistic)
         # A catch-up of C seconds is paid once for the n tokens a sequence is expected to emit yet:
         # drafting then runs at E / (s + C E / n) (C / n per token, not per round: a 345-token
         # prompt's catch-up looked 8x cheaper so), and each drafted token is worth 1 - rate C / n of
