@@ -21,7 +21,10 @@ touch nothing it learns). Printed per path and temperature: tokens/s per K
 (median over repetitions of each process's total), and two ratios measured
 in the same processes: auto / the best fixed K (the issue's good-draft
 target: >= 0.95) and auto / plain decoding (k=0; the poor draft's floor:
->= 0.98). ``--control K`` adds a second arm of fixed K: its ratio to the best
+>= 0.98), and the share of auto's time its draft spent being measured (its
+reading of a prompt scored against the target's: what a fresh process, and
+the CLI every call, pays to learn the draft; the paths whose results carry
+``measure_seconds``). ``--control K`` adds a second arm of fixed K: its ratio to the best
 fixed K is what a rule that always chose K reads, the measurement's own floor
 (the best of several noisy arms reads high). For DraftModel, k=0 is
 DraftModel(k=0) on the same Llama (llama-cpp-python then decodes one token a
@@ -119,6 +122,7 @@ class Caller:
     def call(self, prompt: str, k: str, temp: float, seed: int) -> tuple:
         import specgguf
         msgs = [{"role": "user", "content": prompt}]
+        measure = None  # seconds the draft's measurement took, where the path reports it
         t0 = time.perf_counter()
         if self.path == "cli":
             out = subprocess.run([sys.executable, "-m", "specgguf", "-p", prompt, "--chat", "-n", str(self.n),
@@ -126,15 +130,15 @@ class Caller:
                                   "--threads", str(self.args.threads), *self.pair_args()],
                                  capture_output=True, text=True, check=True)
             s = json.loads(out.stdout)["stats"]
-            return s["completion_tokens"], s["seconds"]  # the generation, not the process's load
+            return s["completion_tokens"], s["seconds"], s["measure_seconds"]  # the generation, not the load
         if self.path == "speculative-llama":
             r = self.llm.generate(msgs, max_tokens=self.n, k=kval(k), temperature=temp, seed=seed)
-            n = len(r.tokens)
+            n, measure = len(r.tokens), r.stats["measure_seconds"]
         elif self.path in ("generate", "generate-llama"):
             t, d = self.objs if self.path == "generate-llama" else self.names
             r = specgguf.generate(msgs, target=t, draft=d, max_tokens=self.n, k=kval(k), temperature=temp,
                                   seed=seed, n_threads=self.args.threads, lookup_memory=0)
-            n = len(r.tokens)
+            n, measure = len(r.tokens), r.stats["measure_seconds"]
         elif self.path == "serve":
             r = self.client.chat.completions.create(model="specgguf", messages=msgs, max_tokens=self.n,
                                                     temperature=temp, seed=seed, extra_body={"k": kval(k)})
@@ -143,7 +147,7 @@ class Caller:
             self.llm.draft_model = self.drafts[k]
             r = self.llm.create_chat_completion(msgs, max_tokens=self.n, temperature=temp, seed=seed)
             n = r["usage"]["completion_tokens"]
-        return n, time.perf_counter() - t0
+        return n, time.perf_counter() - t0, measure
 
 
 def child(args) -> None:
@@ -155,8 +159,9 @@ def child(args) -> None:
             for i, prompt in enumerate(PROMPTS[:args.prompts]):
                 order = arms[i % len(arms):] + arms[:i % len(arms)]
                 for k in order:
-                    n, s = caller.call(prompt, k, temp, 1000 + i)
-                    print(json.dumps({"temp": temp, "k": k, "prompt": i, "tokens": n, "seconds": s}), flush=True)
+                    n, s, m = caller.call(prompt, k, temp, 1000 + i)
+                    print(json.dumps({"temp": temp, "k": k, "prompt": i, "tokens": n, "seconds": s, "measure": m}),
+                          flush=True)
     finally:
         caller.close()
 
@@ -194,11 +199,13 @@ def summarize(path: str, temp: float, procs: list, ks: list) -> str:
                 control.append(per[k] / max(per[j] for j in fixed))
         if "auto" in per and "0" in per:
             vs_plain.append(per["auto"] / per["0"])
-    pairs = sum(1 for rows in procs for r in rows if r["temp"] == temp and r["k"] == "auto")
+    auto = [r for rows in procs for r in rows if r["temp"] == temp and r["k"] == "auto"]
+    known = [r for r in auto if r.get("measure") is not None]
+    learn = f"{100 * sum(r['measure'] for r in known) / sum(r['seconds'] for r in known):.1f}%" if known else "-"
     cells = " | ".join(f"{statistics.median(rates[k]):.1f}" for k in ks)
     ratio = lambda xs: f"{statistics.median(xs):.3f} ({min(xs):.3f}-{max(xs):.3f})" if xs else "-"
     tail = f" {ratio(control)} |" if control else ""
-    return f"| {path} | {temp:g} | {cells} | {ratio(vs_best)} | {ratio(vs_plain)} | {pairs} |{tail}"
+    return f"| {path} | {temp:g} | {cells} | {ratio(vs_best)} | {ratio(vs_plain)} | {len(auto)} | {learn} |{tail}"
 
 
 def main() -> None:
@@ -237,8 +244,8 @@ def main() -> None:
           f"{args.reps} fresh processes per path, each from an empty state folder\n")
     control = f" k={args.control} again / best fixed K |" if args.control else ""
     print("| path | T | " + " | ".join(f"k={k} tok/s" for k in args.arms)
-          + " | auto / best fixed K | auto / k=0 | auto calls |" + control)
-    print("|---|---|" + "---|" * (len(args.arms) + 3) + ("---|" if control else ""))
+          + " | auto / best fixed K | auto / k=0 | auto calls | auto's time measuring the draft |" + control)
+    print("|---|---|" + "---|" * (len(args.arms) + 4) + ("---|" if control else ""))
     for p in paths:
         for temp in args.temps:
             print(summarize(p, temp, results[p], args.arms))

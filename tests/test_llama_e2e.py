@@ -478,8 +478,12 @@ def test_a_process_measures_its_draft_once_and_clock_blind_runs_store_nothing(ta
     assert s.generate(msgs(PROMPTS[0]), max_tokens=16, **seeded).tokens == a.tokens
     # Another prompt (the caller's models keep the last one cached, and a cached prompt is not scored
     # again), with more than EVIDENCE positions of text after the part cached.
-    s.generate(msgs(PROMPTS[1] + " " + PROMPTS[2]), max_tokens=32, temperature=0.8, k="auto", drafter_invariant=False)
+    first = s.generate(msgs(PROMPTS[1] + " " + PROMPTS[2]), max_tokens=32, temperature=0.8, k="auto",
+                       drafter_invariant=False)
     assert s.learning.online.regime(regime).known and s.learning.state.evidence(regime) is not None
+    assert first.stats["measure_seconds"] > 0  # what learning the draft cost, apart from drafting
+    later = s.generate(msgs(PROMPTS[2] + " " + PROMPTS[0]), max_tokens=8, temperature=0.8, k="auto", drafter_invariant=False)
+    assert later.stats["measure_seconds"] == 0.0
     view = SlotView(regime, 8, target_lag=40, draft_lag=40, remaining=200)
     sampled = cfg(temperature=0.8, k="auto", drafter_invariant=False)
     assert not s.learning.length(sampled).worth_measuring(view)  # this process knows the draft now

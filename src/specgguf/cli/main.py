@@ -195,7 +195,8 @@ def print_stats(s: dict) -> None:
           f"specgguf: acceptance per position {[round(x, 2) for x in s['position_acceptance']]}; "
           f"K chosen per round {s['k_hist']}; drafting stopped by {s['stop_reasons']}; tokens by source "
           f"{s.get('tokens_by_source')}\n"
-          f"specgguf: time: draft {s['draft_seconds']:.2f} s, target {s['target_seconds']:.2f} s, "
+          f"specgguf: time: draft {s['draft_seconds']:.2f} s (and {s['measure_seconds']:.2f} s measuring it), "
+          f"target {s['target_seconds']:.2f} s, "
           f"verify {s['verify_seconds'] * 1e3:.1f} ms, warp {s['warp_seconds'] * 1e3:.1f} ms, outside "
           f"the forwards {100 * s['overhead_seconds'] / max(s['seconds'], 1e-9):.1f}%", file=sys.stderr)
     if s.get("why"):

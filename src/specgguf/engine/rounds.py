@@ -157,7 +157,9 @@ class Rounds:
         for i, (r, v) in enumerate(zip(reqs, views)):
             counts = r.length.batches_to_time(v) if hasattr(self.drafter, "read_head") else ()
             if counts:
+                t0 = time.perf_counter()
                 r.length.timed_draft(self.drafter.read_head(r.slot, r.ids, counts))
+                r.stats.measure_seconds += time.perf_counter() - t0
                 views[i] = r.view(self.target, self.drafter)
         return views
 
@@ -215,6 +217,8 @@ class Rounds:
         got, forward = self.drafter.agreement([(reqs[i].slot, reqs[i].ids, reqs[i].sampler, logits[i][:n])
                                                for i, n in measure.items()])
         forwards.append(forward)
+        for i in measure:
+            reqs[i].stats.measure_seconds += forward[1] / len(measure)
         return dict(zip(measure, got))
 
 

@@ -36,6 +36,9 @@ class DecoderStats:
     first_target_seconds: float = 0.0  # the first round's, which also evaluates the prompt
     verify_seconds: float = 0.0
     warp_seconds: float = 0.0  # the target's rows made into its sampler's law (sampling only)
+    # the draft's forwards run to learn it, not to draft: its reading of a prompt scored against the
+    # target's rows, batches timed before a long catch-up (what k="auto" pays to know the draft)
+    measure_seconds: float = 0.0
     from_draft: bytearray = field(default_factory=bytearray)
 
     @property
@@ -100,7 +103,7 @@ class DecoderStats:
             "k_hist": dict(sorted(self.k_hist.items())), "stop_reasons": dict(self.stop_reasons),
             "draft_seconds": self.draft_seconds, "target_seconds": self.target_seconds,
             "first_target_seconds": self.first_target_seconds, "verify_seconds": self.verify_seconds,
-            "warp_seconds": self.warp_seconds,
+            "warp_seconds": self.warp_seconds, "measure_seconds": self.measure_seconds,
             "tokens_by_source": self.by_source(),
         }
 
