@@ -86,6 +86,58 @@ def test_a_batch_scores_each_token_as_one_token_forwards_do(name):
         assert got["max_diff"] == 0.0 and got["argmax_flips"] == 0
 
 
+def test_the_stock_kernels_are_the_drafts_alone_and_for_one_forward():
+    """kernels(False) turns the bound off for the forward inside it and back
+    after, on error too; the bound itself never moves."""
+    from specgguf.llama import invariance
+    lib = invariance._lib
+    with invariance.kernels(False):
+        assert lib.ggml_cpu_get_batch_invariant() == 0
+    with pytest.raises(RuntimeError), invariance.kernels(False):
+        raise RuntimeError("a forward failed")
+    with invariance.kernels(True):
+        assert lib.ggml_cpu_get_batch_invariant() == INVARIANT_TOKENS
+    assert lib.ggml_cpu_get_batch_invariant() == batch_invariance() == INVARIANT_TOKENS
+
+
+def test_a_draft_row_that_reaches_a_seeded_text_is_row_invariant(target, poor_draft):
+    """A draft's forwards take the stock kernels (a Q4_1 draft token costs 15%
+    less) unless a sequence in them reads the draft's bits (exact p/q with a
+    seed), whose q is then what a fresh row-invariant cache gives, to the bit,
+    also after the stock kernels wrote the slot's cache. Q2_K: the stock
+    kernels read a prompt in other sums, as the unseeded control shows."""
+    import inspect
+    import textwrap
+
+    import numpy as np
+
+    from specgguf.llama.adapter import SlotDrafter
+    from specgguf.ops.drafter import Ask
+    from specgguf.ops.sampling import Sampler
+    ids = poor_draft.tokenize(inspect.getsource(textwrap).encode(), add_bos=True)[:48]
+    warping = (0.8, 40, 0.95, 0.05)
+    seeded, unseeded = Sampler("exact", warping, generator=1, seed=1), Sampler("exact", warping, generator=1)
+    model = LlamaModel(poor_draft, slots=2)
+    assert model.stock_pays and not LlamaModel(target).stock_pays  # quantized weights, F32 ones
+
+    def first_q(sampler, stock, slot=0, reset=True):
+        if reset:
+            model.reset()
+        (draft,), _ = SlotDrafter(model, stock=stock).propose([Ask(slot, ids, sampler, 1, None, len(ids))])
+        return draft.probs[0]
+
+    fresh = first_q(seeded, stock=False)
+    assert np.array_equal(first_q(seeded, stock=True), fresh)
+    assert not np.array_equal(first_q(unseeded, stock=True), fresh)  # the stock kernels' own bits
+    assert model.stock_from[0] == 0
+    assert np.array_equal(first_q(seeded, stock=True, reset=False), fresh)  # read again, row-invariant
+    model.reset()
+    first_q(unseeded, stock=True, reset=False)
+    model.load(1, model.save(0))  # a stashed cache carries where the stock kernels wrote it
+    assert model.stock_from[1] == 0
+    assert np.array_equal(first_q(seeded, stock=True, slot=1, reset=False), fresh)
+
+
 # ---- greedy and seeded text, in process ----------------------------------------------------
 
 

@@ -187,7 +187,9 @@ class Engine:
         if draft is not None and draft.slots != target.slots:
             raise ValueError(f"the draft has {draft.slots} slots, the target {target.slots}")
         self.target, self.draft = target, draft
-        drafter = SlotDrafter(draft) if draft is not None else EachDrafter(ngram) if ngram is not None else None
+        # every target forward is the engine's: the draft's may take the stock kernels (SlotDrafter)
+        drafter = (SlotDrafter(draft, stock=True) if draft is not None else
+                   EachDrafter(ngram) if ngram is not None else None)
         self.slots = Slots(target, stash)
         self.policy = policy or Policy(free_draft=draft is None)
         self.lookups, self.lookup_policy = lookups, lookup_policy if lookups else None

@@ -158,7 +158,7 @@ class Rounds:
             counts = r.length.batches_to_time(v) if hasattr(self.drafter, "read_head") else ()
             if counts:
                 t0 = time.perf_counter()
-                r.length.timed_draft(self.drafter.read_head(r.slot, r.ids, counts))
+                r.length.timed_draft(self.drafter.read_head(r.slot, r.ids, counts, r.sampler))
                 r.stats.measure_seconds += time.perf_counter() - t0
                 views[i] = r.view(self.target, self.drafter)
         return views

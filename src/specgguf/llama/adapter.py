@@ -51,12 +51,25 @@ class SlotDrafter:
     tokens with its own sampler (the argmax when greedy, a sample of the
     warped q for exact verification, the race winner for drafter-invariant
     verification) and stops at its own K or cutoff. The lag is what the
-    model's KV cache lacks of the context."""
+    model's KV cache lacks of the context. ``stock``: its forwards take
+    llama.cpp's stock kernels where they are the faster for its weights
+    (:func:`~specgguf.llama.model.stock_pays`) unless a sequence in them
+    reads the draft's bits (:attr:`~specgguf.ops.sampling.Sampler.reads_draft_bits`);
+    only where every target forward of the process is specgguf's, which take
+    turns with it (:func:`~specgguf.llama.invariance.kernels`)."""
 
     CHECK_ROWS = 32  # tokens skipped that a catch-up reads the draft's rows back for
 
-    def __init__(self, model: LlamaModel) -> None:
-        self.model = model
+    def __init__(self, model: LlamaModel, stock: bool = False) -> None:
+        self.model, self.stock = model, stock
+
+    def _eval(self, work: Sequence[tuple], samplers) -> list:
+        """The model's ``eval_many(work)`` for sequences of these ``samplers``,
+        with the stock kernels where they may be used (a model on rpc workers,
+        or any without ``stock_pays``, keeps its own)."""
+        if self.stock and getattr(self.model, "stock_pays", False) and not any(s.reads_draft_bits for s in samplers):
+            return self.model.eval_many(work, row_invariant=False)
+        return self.model.eval_many(work)
 
     def lag(self, context: Sequence[int], slot: int = 0) -> int:
         return self.model.lag(context, slot)
@@ -76,7 +89,8 @@ class SlotDrafter:
         while seqs:
             tokens = sum(self.model.lag(seq, asks[i].slot) for i, seq in seqs.items())
             t0 = time.perf_counter()
-            rows = self.model.eval_many([(asks[i].slot, seq, 1 + checked.pop(i, 0)) for i, seq in seqs.items()])
+            rows = self._eval([(asks[i].slot, seq, 1 + checked.pop(i, 0)) for i, seq in seqs.items()],
+                              [asks[i].sampler for i in seqs])
             forwards.append((tokens, time.perf_counter() - t0, len(seqs)))
             for (i, seq), row in zip(list(seqs.items()), rows):
                 a, d = asks[i], drafts[i]
@@ -113,18 +127,19 @@ class SlotDrafter:
             return 0
         return max(0, min(self.CHECK_ROWS, lag - 1, len(seq) - ask.sampler.origin))
 
-    def read_head(self, slot: int, ids: Sequence[int], counts: Sequence[int]) -> list:
+    def read_head(self, slot: int, ids: Sequence[int], counts: Sequence[int], sampler: Sampler) -> list:
         """Time the draft's batches: it reads ``ids`` past what its cache holds
         in forwards of ``counts`` tokens, while they end before the last token
-        (left to the round). The tokens stay in the cache: the start of a
-        catch-up. Returns ``[(tokens, seconds)]`` per forward run."""
+        (left to the round), for a sequence of ``sampler``. The tokens stay in
+        the cache: the start of a catch-up. Returns ``[(tokens, seconds)]`` per
+        forward run."""
         out, end = [], len(ids) - self.model.lag(ids, slot)
         for n in counts:
             if end + n >= len(ids):
                 break
             end += n
             t0 = time.perf_counter()
-            self.model.eval_many([(slot, ids[:end], 1)])
+            self._eval([(slot, ids[:end], 1)], [sampler])
             out.append((n, time.perf_counter() - t0))
         return out
 
@@ -137,7 +152,8 @@ class SlotDrafter:
         ``(tokens, seconds, sequences)``."""
         tokens = sum(self.model.lag(ids[:-1], slot, len(t_rows)) for slot, ids, _, t_rows in work)
         t0 = time.perf_counter()
-        rows = self.model.eval_many([(slot, ids[:-1], len(t_rows)) for slot, ids, _, t_rows in work])
+        rows = self._eval([(slot, ids[:-1], len(t_rows)) for slot, ids, _, t_rows in work],
+                          [sampler for _, _, sampler, _ in work])
         forward = (tokens, time.perf_counter() - t0, len(work))
         return [text_agreement(self.model, ids, sampler, t_rows, d)
                 for (_, ids, sampler, t_rows), d in zip(work, rows)], forward
@@ -153,6 +169,8 @@ class ModelDrafter:
     CHECK_ROWS = SlotDrafter.CHECK_ROWS
 
     def __init__(self, model: LlamaModel) -> None:
+        # row-invariant kernels: beside DraftModel the target's forwards are the Llama's, not specgguf's,
+        # and do not take turns with the draft's (the pair's rounds use a SlotDrafter of their own)
         self.model, self.slots = model, SlotDrafter(model)
         self.sampler = Sampler()
 

@@ -18,15 +18,25 @@ imported (:func:`batch_invariance`) and keeps every verification row in such
 forwards (:func:`specgguf.llama.model.forwards`); prompts, read in chunks of
 the batch size as plain decoding reads them, keep the fast kernels.
 :func:`probe` measures whether it holds for a loaded model.
+
+A draft's rows reach no text but under exact p/q sampling with a seed, and
+the one-token kernels cost a quantized draft 15% more a token (Q4_1 here:
+7.5 ms against 6.5) and a K-quant's prompt twice the time: the draft's
+forwards run llama.cpp's stock kernels (:func:`kernels`) unless one of its
+rows belongs to such a run. The switch is process-wide, so specgguf's
+forwards take turns under one lock and the bound is back before any other
+of its forwards starts.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import threading
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import llama_cpp
 import numpy as np
@@ -52,9 +62,9 @@ def batch_invariance() -> int:
     ``SPECGGUF_BATCH_INVARIANT=0`` turns it off (a prompt of under 64 tokens
     is then read a little faster); it is process-wide, like llama.cpp's
     other CPU settings."""
-    global _invariant
+    global _invariant, _lib
     if _invariant is None:
-        lib = _ggml_cpu()
+        lib = _lib = _ggml_cpu()
         if lib is None:
             _invariant = 0
         else:
@@ -71,6 +81,30 @@ def batch_invariance() -> int:
 
 
 _invariant: Optional[int] = None
+_lib: Optional[ctypes.CDLL] = None  # llama.cpp's CPU backend, where it has the switch
+_forwards = threading.RLock()  # specgguf's forwards in this process, one at a time (see kernels)
+
+
+@contextmanager
+def kernels(row_invariant: bool = True) -> Iterator[None]:
+    """Hold this process's specgguf forwards for one: with ``row_invariant``
+    False (a draft forward whose rows reach no text), llama.cpp's stock
+    kernels at every batch size, the bound restored after, on error too.
+
+    Every :class:`~specgguf.llama.model.LlamaModel` forward runs inside, so
+    none of specgguf's runs while the switch is off: a forward takes every
+    thread anyway. A ``Llama`` of the caller's own, run in another thread at
+    that moment, computes with the stock kernels, as it would without specgguf."""
+    with _forwards:
+        lib = None if row_invariant or not batch_invariance() else _lib
+        if lib is None:
+            yield
+            return
+        lib.ggml_cpu_set_batch_invariant(0)
+        try:
+            yield
+        finally:
+            lib.ggml_cpu_set_batch_invariant(_invariant)
 
 
 def patched() -> bool:

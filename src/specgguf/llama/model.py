@@ -26,7 +26,7 @@ import llama_cpp
 import numpy as np
 
 from ..ops.drafter import common_prefix
-from .invariance import batch_invariance
+from .invariance import batch_invariance, kernels
 
 MIN_CTX = 256         # llama.cpp raises smaller context windows to this
 
@@ -186,10 +186,10 @@ class Saved:
     the ``tokens`` it holds, llama.cpp's bytes of it, the logits row kept
     after its last token (or None)."""
 
-    __slots__ = ("tokens", "data", "last")
+    __slots__ = ("tokens", "data", "last", "stock_from")
 
-    def __init__(self, tokens: List[int], data, last: Optional[np.ndarray]) -> None:
-        self.tokens, self.data, self.last = tokens, data, last
+    def __init__(self, tokens: List[int], data, last: Optional[np.ndarray], stock_from: Optional[int] = None) -> None:
+        self.tokens, self.data, self.last, self.stock_from = tokens, data, last, stock_from
 
     @property
     def nbytes(self) -> int:
@@ -231,6 +231,9 @@ class LlamaModel:
         # again in a smaller forward (whose arithmetic would differ from plain decoding's)
         self.last: List[Optional[np.ndarray]] = [None] * slots
         self.invariant = batch_invariance()  # forwards under this many tokens are row-invariant
+        # per slot, the first position computed with the stock kernels (eval_many's row_invariant=False)
+        self.stock_from: List[Optional[int]] = [None] * slots
+        self.stock_pays = stock_pays(llm)
         self.seconds = 0.0  # time spent in llama_decode and reading logits
         self.reset()
 
@@ -253,6 +256,7 @@ class LlamaModel:
         llama_cpp.llama_memory_clear(self.mem, True)
         self.cache = [[] for _ in range(self.slots)]
         self.last = [None] * self.slots
+        self.stock_from = [None] * self.slots
         if self.own_ctx is None:
             self.llm.n_tokens = 0  # keep Llama's own prefix cache honest
 
@@ -298,6 +302,8 @@ class LlamaModel:
                                  "architecture); specgguf needs a transformer model")
             del held[keep:]
             self.last[slot] = None
+            if self.stock_from[slot] is not None and keep <= self.stock_from[slot]:
+                self.stock_from[slot] = None
 
     def save(self, slot: int) -> "Saved":
         """A copy, in host memory, of what ``slot``'s KV cache holds (see
@@ -309,7 +315,7 @@ class LlamaModel:
         if n and int(llama_cpp.llama_state_seq_get_data(self.ctx, data, n, slot)) != n:
             raise RuntimeError(f"llama.cpp could not copy slot {slot}'s KV cache")
         last = self.last[slot]
-        return Saved(list(self.cache[slot]), data, None if last is None else last.copy())
+        return Saved(list(self.cache[slot]), data, None if last is None else last.copy(), self.stock_from[slot])
 
     def load(self, slot: int, saved: "Saved") -> None:
         """Make ``slot``'s KV cache hold what :meth:`save` copied. In a KV
@@ -322,6 +328,7 @@ class LlamaModel:
         if n and int(llama_cpp.llama_state_seq_set_data(self.ctx, saved.data, n, slot)) == n:
             self.cache[slot] = list(saved.tokens)
             self.last[slot] = None if saved.last is None else saved.last.copy()
+            self.stock_from[slot] = saved.stock_from
         else:
             llama_cpp.llama_memory_seq_rm(self.mem, slot, -1, -1)
 
@@ -332,7 +339,7 @@ class LlamaModel:
         ``seq``'s last tokens are a draft's proposals (see :meth:`eval_many`)."""
         return self.eval_many([(0, seq, n_logits, proposed)])[0]
 
-    def eval_many(self, work: Sequence[tuple]) -> List[np.ndarray]:
+    def eval_many(self, work: Sequence[tuple], row_invariant: bool = True) -> List[np.ndarray]:
         """:meth:`eval` for several slots in as few ``llama_decode`` calls as
         the batch size allows (one, in a decoding round): ``work`` holds
         ``(slot, seq, n_logits[, proposed])``; returns each one's
@@ -344,14 +351,23 @@ class LlamaModel:
         so that each row is computed as plain decoding computes it: what a
         sequence lacks before its proposals in chunks of ``n_batch``, as plain
         decoding reads a prompt, and the proposals in forwards shorter than
-        the bound (see :func:`forwards`)."""
+        the bound (see :func:`forwards`).
+
+        ``row_invariant`` False (a draft's forward whose rows reach no text:
+        :func:`~specgguf.llama.invariance.kernels`): llama.cpp's stock kernels,
+        in chunks of ``n_batch``. A row-invariant call reads again what a slot
+        holds from such a forward on, so that its rows are the bits a fresh
+        cache gives."""
         outs, pieces = [], []
+        stock = not row_invariant and self.invariant > 0
         for item in work:
             slot, seq, n_logits = item[:3]
             proposed = item[3] if len(item) > 3 else 0
             n = len(seq)
             if n > self.n_ctx:
                 raise ValueError(f"sequence of {n} tokens does not fit the context window of {self.n_ctx}")
+            if not stock and self.stock_from[slot] is not None:
+                self._cut(slot, self.stock_from[slot])
             out = np.empty((n_logits, self.n_vocab), dtype=np.float32)
             out[:, self.model_vocab:] = -np.inf
             if self._kept(slot, seq, n_logits):
@@ -360,14 +376,17 @@ class LlamaModel:
                 self._cut(slot, n - self.lag(seq, slot, n_logits))  # keeps what it need not evaluate
             outs.append(out)
             todo = [(slot, pos, seq[pos], out, pos - (n - n_logits)) for pos in range(len(self.cache[slot]), n)]
+            if stock and todo and self.stock_from[slot] is None:
+                self.stock_from[slot] = todo[0][1]
             split = max(0, len(todo) - proposed)  # what the sequence lacks before its proposals
             pieces += [todo[i:min(i + self.n_batch, split)] for i in range(0, split, self.n_batch)]
             if split < len(todo):
                 pieces.append(todo[split:])
         t0 = time.perf_counter()
         try:
-            for batch in forwards(pieces, self.n_batch, self.invariant):
-                self._decode(batch)
+            with kernels(not stock):
+                for batch in forwards(pieces, self.n_batch, 0 if stock else self.invariant):
+                    self._decode(batch)
         except BaseException:
             # Unknown KV state after a failure or Ctrl-C: start clean next time.
             self.reset()
@@ -400,6 +419,20 @@ class LlamaModel:
                 ids[pos] = token
             if row >= 0:
                 ctypes.memmove(out[row].ctypes.data, llama_cpp.llama_get_logits_ith(self.ctx, j), width)
+
+
+def stock_pays(llm) -> bool:
+    """Whether llama.cpp's stock kernels read one token of ``llm``'s weights
+    faster than the row-invariant ones: for quantized files (Zen 4, ms a token,
+    row-invariant / stock: Q8_0 11.4 / 5.9, Q4_0 6.0 / 4.9, Q4_1 7.5 / 6.5,
+    Q4_K_M 9.0 / 6.7, Q2_K 6.4 / 5.4), not for F32, F16 or BF16 ones (9.1 /
+    10.1, 6.4 / 7.8), whose one-token row-invariant kernel is tinyBLAS's one
+    row at a time. Unknown file types are taken as quantized."""
+    full = {llama_cpp.LLAMA_FTYPE_ALL_F32, llama_cpp.LLAMA_FTYPE_MOSTLY_F16, llama_cpp.LLAMA_FTYPE_MOSTLY_BF16}
+    try:
+        return int((getattr(llm, "metadata", None) or {}).get("general.file_type", -1)) not in full
+    except (TypeError, ValueError):
+        return True
 
 
 def forwards(pieces: Sequence[list], n_batch: int, invariant: int) -> List[list]:

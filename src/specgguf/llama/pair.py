@@ -194,7 +194,7 @@ class ModelPair:
         cache), so that no run's sampler stays behind in the pair; the lookup
         alone (``fresh_lookup``: an empty one, remembering no earlier call)."""
         if isinstance(self.draft_model, ModelDrafter):
-            return SlotDrafter(self.draft_model.model)
+            return SlotDrafter(self.draft_model.model, stock=True)  # every target forward is ours
         if self.draft_model is not None:
             drafter = copy.copy(self.draft_model)
             drafter.sampler = sampler

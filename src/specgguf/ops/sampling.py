@@ -93,6 +93,14 @@ class Sampler:
         self.race_grammar = (rule == "invariant" and self.cut.top_k == 0 and self.rules is not None
                              and self.rules.grammar is not None)
 
+    @property
+    def reads_draft_bits(self) -> bool:
+        """Whether the draft's logits, to the last bit, can change a text that the
+        same settings must give again: exact p/q sampling with a seed (each verdict
+        weighs the draft's q). Greedy and race verdicts never read the draft's
+        rows; unseeded p/q sampling promises no text."""
+        return self.rule == "exact" and self.seed is not None
+
     @classmethod
     def from_config(cls, config, origin: int = 0, grammar=None) -> "Sampler":
         """The sampler a :class:`~specgguf.config.GenerationConfig` asks for.
