@@ -93,7 +93,9 @@ def costs(pair, ids, repeats: int, context: int = 80) -> dict:
 
     def timed(model, n, rows, proposed=0):
         model.eval(base[:-n], 1)
-        return seconds(lambda: model.eval(base, rows, proposed))
+        # a draft's forwards take the stock kernels where that pays (llama.model.stock_pays), as a round's do
+        stock = model is draft and getattr(model, "stock_pays", False)
+        return seconds(lambda: model.eval_many([(0, base, rows, proposed)], row_invariant=not stock))
 
     def meds(fns, n=repeats):
         """Each timing's median over ``n`` passes, the timings in turns within a pass: timed one
