@@ -424,10 +424,11 @@ class LlamaModel:
 def stock_pays(llm) -> bool:
     """Whether llama.cpp's stock kernels read one token of ``llm``'s weights
     faster than the row-invariant ones: for quantized files (Zen 4, ms a token,
-    row-invariant / stock: Q8_0 11.4 / 5.9, Q4_0 6.0 / 4.9, Q4_1 7.5 / 6.5,
-    Q4_K_M 9.0 / 6.7, Q2_K 6.4 / 5.4), not for F32, F16 or BF16 ones (9.1 /
-    10.1, 6.4 / 7.8), whose one-token row-invariant kernel is tinyBLAS's one
-    row at a time. Unknown file types are taken as quantized."""
+    row-invariant / stock: Q4_1 7.5 / 6.5, Q4_K_M 9.0 / 6.7, Q2_K 6.4 / 5.4;
+    Q8_0 and Q4_0 alike, as both take vec_dot under the bound: nothing lost),
+    not for F32, F16 or BF16 ones (9.1 / 10.1, 6.4 / 7.8), whose one-token
+    row-invariant kernel is tinyBLAS's one row at a time. Unknown file types
+    are taken as quantized."""
     full = {llama_cpp.LLAMA_FTYPE_ALL_F32, llama_cpp.LLAMA_FTYPE_MOSTLY_F16, llama_cpp.LLAMA_FTYPE_MOSTLY_BF16}
     try:
         return int((getattr(llm, "metadata", None) or {}).get("general.file_type", -1)) not in full
