@@ -22,8 +22,9 @@ touch nothing it learns). Printed per path and temperature: tokens/s per K
 in the same processes: auto / the best fixed K (the issue's good-draft
 target: >= 0.95) and auto / plain decoding (k=0; the poor draft's floor:
 >= 0.98), and the share of auto's time its draft spent being measured (its
-reading of a prompt scored against the target's: what a fresh process, and
-the CLI every call, pays to learn the draft; the paths whose results carry
+reading of a prompt scored against the target's: what a fresh process pays
+to learn the draft, and a CLI call where the state folder does not price the
+draft yet or says it may pay; the paths whose results carry
 ``measure_seconds``). ``--control K`` adds a second arm of fixed K: its ratio to the best
 fixed K is what a rule that always chose K reads, the measurement's own floor
 (the best of several noisy arms reads high). For DraftModel, k=0 is

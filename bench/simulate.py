@@ -1,8 +1,9 @@
 """k="auto" in the offline simulator: each trace against the best fixed K in
-hindsight and against plain decoding, from a fresh state and from a poisoned
+hindsight and against plain decoding, from a fresh state, from a poisoned
 one (stored evidence that the draft accepts 0.1, as a run whose text did not
-suit the draft leaves it: a record that says drafting loses). No model runs;
-a policy is judged here before it is benchmarked.
+suit the draft leaves it: a record that says drafting loses), and with each
+call a new process on one store, as the CLI runs them. No model runs; a
+policy is judged here before it is benchmarked.
 
 Traces: the synthetic regimes of specgguf.testing.simulator.regimes(), and the
 recorded traces in tests/data/ (bench/record_trace.py).
@@ -26,7 +27,7 @@ timed after as much as its prompts hold (BENCHMARKS.md, "Real work").
 With --ablate, each of the policy's numbers (engine.policy.Tuning) set to
 the value that turns its feature off, or to a neighbour: the worst change,
 over the traces, of k=auto's speed against the best fixed K (the minimum
-over seeds, from a fresh state, a poisoned one and through the engine). A
+over seeds, from a fresh state, a poisoned one, through the engine and one process a call). A
 number is kept only if some trace loses more than 0.01 without it.
 
     .venv/bin/python bench/simulate.py [--seeds 3] [--engine | --workloads [--target-ms 15,22.4,...] [--prompt-ms 1.4]]
@@ -55,13 +56,15 @@ VARIANTS = {
     "slope_guess": dict(slope_guess=0.0), "slope_guess_high": dict(slope_guess=0.2),
     "unknown_left": dict(unknown_left=10 ** 6), "steady": dict(steady=1), "steady_high": dict(steady=9),
     "spike": dict(spike=1e9), "pace_share": dict(pace_share=0.0), "settle": dict(settle=1),
+    "stale": dict(stale=10 ** 9), "stale_low": dict(stale=1),
 }
 
 
 def worst(traces, seeds, tuning):
-    """Per trace: the minimum over seeds of k=auto / best fixed K, fresh, poisoned and in the engine."""
-    return {t.name: [min(simulator.score(t, seeds, tuning=tuning, **how)["vs_oracle"])
-                     for how in (dict(), dict(poison=simulator.poor_record(t)), dict(engine=True))]
+    """Per trace: the minimum over seeds of k=auto / best fixed K, fresh, poisoned, in the engine and
+    one process a call."""
+    hows = lambda t: (dict(), dict(poison=simulator.poor_record(t)), dict(engine=True), dict(processes=True))  # noqa
+    return {t.name: [min(simulator.score(t, seeds, tuning=tuning, **how)["vs_oracle"]) for how in hows(t)]
             for t in traces}
 
 
@@ -131,14 +134,17 @@ def main() -> None:
             print(f"| {t.name} | {statistics.median(r['vs_oracle']):.3f} (min {min(r['vs_oracle']):.3f}) | "
                   f"{statistics.median(r['best_k'])} | {statistics.median(r['vs_plain']):.3f} |", flush=True)
         return
-    print("| trace | k=auto / oracle (fresh) | best fixed K | k=auto / plain | k=auto / oracle (poisoned state) |")
-    print("|---|---|---|---|---|")
+    print("| trace | k=auto / oracle (fresh) | best fixed K | k=auto / plain | k=auto / oracle (poisoned state) "
+          "| one process a call: / oracle, / plain |")
+    print("|---|---|---|---|---|---|")
     for t in traces:
         fresh = simulator.score(t, seeds)
         bad = simulator.score(t, seeds, poison=simulator.poor_record(t))
-        print(f"| {t.name} | {statistics.median(fresh['vs_oracle']):.3f} (min {min(fresh['vs_oracle']):.3f}) | "
-              f"{statistics.median(fresh['best_k'])} | {statistics.median(fresh['vs_plain']):.3f} | "
-              f"{statistics.median(bad['vs_oracle']):.3f} (min {min(bad['vs_oracle']):.3f}) |", flush=True)
+        cli = simulator.score(t, seeds, processes=True)
+        cell = lambda r: f"{statistics.median(r['vs_oracle']):.3f} (min {min(r['vs_oracle']):.3f})"  # noqa: E731
+        print(f"| {t.name} | {cell(fresh)} | {statistics.median(fresh['best_k'])} | "
+              f"{statistics.median(fresh['vs_plain']):.3f} | {cell(bad)} | {cell(cli)}, "
+              f"{statistics.median(cli['vs_plain']):.3f} |", flush=True)
 
 
 if __name__ == "__main__":

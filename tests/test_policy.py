@@ -243,11 +243,51 @@ def test_the_record_a_run_leaves_is_the_next_processs_prior(tmp_path):
     assert policy.regime(config.regime).known
     Player(policy, HERE, np.random.default_rng(4)).play(0.3, 100)
     first.finish(policy, config)
+    costs = state.costs()
     later = Learning(state).length(config)  # no measurement: it keeps to the record, a few observations' worth
     assert later.acceptance(config.regime).total[1] == pytest.approx(Tuning.prior)
     assert later.acceptance(config.regime).per_position()[0] < 0.5
-    assert not later.regime(config.regime).known  # and it would measure, given the chance
+    assert not later.regime(config.regime).known
+    # The draft's forwards as that process timed them, against a target token, price it in the next
+    # ones: a draft that cannot pay even at its optimistic acceptance is not measured again (a CLI
+    # process paid 4% a call for that). Processes that time no draft forward age the stored price,
+    # and `stale` of them later it is dropped: the next process measures the draft again.
+    assert state.costs()["uses"] == 0 and state.costs()["draft"]
+    assert "as an earlier process timed it" in Learning(state).length(config).explain(config.regime)
+    for uses in range(1, Tuning.stale + 1):
+        nxt = Learning(state)
+        policy = nxt.length(config)
+        assert not policy.worth_measuring(view)
+        assert Player(policy, HERE, np.random.default_rng(uses)).play(0.3, 20) == [0] * 20
+        nxt.finish(policy, config)
+        assert state.costs()["uses"] == uses
+    assert state.costs()["draft"] == {} and Learning(state).length(config).worth_measuring(view)
+    state.save_evidence(config.regime, {"accepted": [9.0] * 9, "verified": [10.0] * 9, "total": [9.0, 10.0]})
+    state.save_costs(costs)  # a good record: measured on its prompt, whatever the stored price
     assert Learning(state).length(config).worth_measuring(view)
+
+
+def test_a_stored_draft_price_is_a_ratio_to_a_target_token_and_a_damaged_one_adds_nothing():
+    from specgguf.engine.costs import Costs
+    c = Costs(None, False, Tuning())
+    c.timed_draft(1, 0.01)
+    c.timed_draft(31, 0.05)
+    assert c.record() is None  # plain decoding's token not read yet: no ratio to store
+    for _ in range(Tuning.settle):
+        c.target.observe(1, 0.02)
+    rec = c.record()
+    assert rec["uses"] == 0 and rec["draft"]["1"] == pytest.approx(0.5) and rec["draft"]["31"] == pytest.approx(2.5)
+    later = Costs(None, False, Tuning(), rec)
+    assert later.draft_priced() and later.longest_draft() == 31
+    for _ in range(Tuning.settle):
+        later.target.observe(1, 0.04)  # a process twice as slow: both models alike
+    assert later.draft_forward(1) == pytest.approx(0.02) and later.draft_forward(31) == pytest.approx(0.1)
+    later.timed_draft(1, 0.03)  # its own timing replaces the stored shape
+    assert later.draft_forward(1) == pytest.approx(0.03)
+    for bad in (None, [], {"draft": "x"}, {"draft": {}}, {"draft": {"0": 1.0}}, {"draft": {"1": -1.0}},
+                {"draft": {"a": 1.0}}, {"draft": {"1": 0.5}, "uses": "x"}):
+        assert not Costs(None, False, Tuning(), bad).draft_priced()
+    assert Costs(None, True, Tuning(), rec).record() is None  # a lookup costs nothing: nothing to store
 
 
 def test_a_probes_read_back_of_skipped_tokens_counts_as_evidence():

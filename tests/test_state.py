@@ -173,7 +173,10 @@ def test_eight_processes_meet_a_new_pair_at_once(private_state):
         data = json.loads(f.read_text())
         assert set(data) == {"key", "value"}
     kinds = {f.parent.name for f in records}
-    assert {"files", "evidence"} <= kinds and "costs" not in kinds  # no forward cost is stored
+    assert {"files", "evidence"} <= kinds
+    for f in private_state.glob("costs/*.json"):  # prices only as ratios to a target token, never seconds
+        value = json.loads(f.read_text())["value"]
+        assert set(value) == {"draft", "uses"} and all(0 < r < 100 for r in value["draft"].values())
 
 
 def test_pair_state_keeps_kinds_and_pairs_apart(tmp_path):
@@ -181,7 +184,9 @@ def test_pair_state_keeps_kinds_and_pairs_apart(tmp_path):
     s.save_acceptance({"greedy": 0.9, "sampled": 0.8})
     s.save_evidence("greedy", {"total": [1.0, 2.0]})
     s.save_evidence("t0.80-k40-p0.95-m0.05-exact", {"total": [5.0, 5.0]})
+    s.save_costs({"draft": {"1": 0.4}, "uses": 0})
     assert PairState(Store(tmp_path), "t+d").acceptance() == {"greedy": 0.9, "sampled": 0.8}
+    assert s.costs() == {"draft": {"1": 0.4}, "uses": 0} and PairState(Store(tmp_path), "t+x").costs() is None
     assert s.evidence("greedy") == {"total": [1.0, 2.0]}
     assert s.evidence("t0.80-k40-p0.95-m0.05-exact") == {"total": [5.0, 5.0]}
     other = PairState(Store(tmp_path), "t+e")

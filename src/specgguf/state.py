@@ -43,7 +43,7 @@ try:
 except ImportError:  # not POSIX: atomic replace only
     fcntl = None
 
-KINDS = ("acceptance", "evidence", "files", "trusted")
+KINDS = ("acceptance", "costs", "evidence", "files", "trusted")
 # Kinds whose records are flushed to the disk before they replace the old
 # one. The others are priors and caches, rebuilt if a crash loses them, and
 # a run that drafts stores its evidence after every call: an fsync there
@@ -230,6 +230,14 @@ class PairState:
 
     def save_acceptance(self, measured: dict) -> None:
         self.store.write("acceptance", self.pair, measured)
+
+    def costs(self) -> Optional[dict]:
+        """The draft's forwards against a target token as a process last timed them (a price only
+        until a new process times its own: :class:`~specgguf.engine.costs.Costs`), or None."""
+        return self.store.read("costs", self.pair)
+
+    def save_costs(self, record: dict) -> None:
+        self.store.write("costs", self.pair, record)
 
     def evidence(self, regime: str) -> Optional[dict]:
         return self.store.read("evidence", f"{self.pair}|{regime}")

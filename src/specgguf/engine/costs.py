@@ -1,10 +1,14 @@
 """What a round costs here, as this process's own rounds were timed.
 
 The draft policy (:mod:`~specgguf.engine.policy`) weighs each K's expected
-tokens against these seconds. Nothing stored prices a round: identical
-processes on one machine differ by 20%, and a busy spell moves every price
-at once. Nothing here reads the clock itself: the caller times its rounds
-and reports them as :class:`Measured`.
+tokens against these seconds. Nothing stored prices a round once this
+process has timed its own: identical processes on one machine differ by 20%,
+and a busy spell moves every price at once. Before the draft's first forward
+here, its forwards are priced as an earlier process timed them *against the
+target's token* (:meth:`Costs.record`): a ratio both models' speeds move
+alike, where a guess of a tenth had every new CLI process measure a draft
+that cannot pay. Nothing here reads the clock itself: the caller times its
+rounds and reports them as :class:`Measured`.
 """
 
 from __future__ import annotations
@@ -95,6 +99,11 @@ class Timed:
             self.reads[n] += 1
         self._timed()
 
+    def load(self, shape: dict) -> None:
+        """Prices ``{tokens: seconds}`` as if each count had settled (a stored shape)."""
+        self.s, self.reads = dict(shape), {n: self.settle for n in shape}
+        self._timed()
+
     def forget(self) -> None:
         """Every count timed is dropped (they are doubted): the next readings replace them."""
         self.s.clear()
@@ -182,7 +191,8 @@ class Costs:
     (``free_draft``: a lookup, which costs nothing). The other numbers are the
     policy's (:class:`~specgguf.engine.tuning.Tuning`, where each is explained)."""
 
-    def __init__(self, passes: Optional[Callable], free_draft: bool, tuning: Tuning) -> None:
+    def __init__(self, passes: Optional[Callable], free_draft: bool, tuning: Tuning,
+                 record: Optional[dict] = None) -> None:
         t, pace = tuning, [1.0]  # a busy machine slows both models
         self.count_passes, self.free = passes, free_draft
         self.slope_guess, self.draft_guess, self.doubt = t.slope_guess, t.draft_guess, t.doubt
@@ -190,7 +200,46 @@ class Costs:
         self.target, self.draft = (Timed(t.slope_guess, flat, pace, t.spike, t.pace_share, t.settle)
                                    for flat in (True, False))
         self.fastest = Fastest(t.slope_guess, t.spike, t.settle)  # the draft's
+        self.stored = Timed(t.slope_guess, False, [1.0], t.spike, 0.0, t.settle)  # its forwards / a target token's
+        self.settle, self.stale, self.stored_uses = t.settle, t.stale, 0
         self._passes: dict = {}  # count_passes' answers: a function of the counts alone
+        self.add_record(record)
+
+    def add_record(self, record: Optional[dict]) -> None:
+        """An earlier process's :meth:`record`: the draft priced so until one of its forwards is
+        timed here (damaged records add nothing)."""
+        try:
+            shape = {int(n): float(r) for n, r in record["draft"].items()}
+            if not shape or min(shape) < 1 or not all(0.0 < r < 1e4 for r in shape.values()):
+                raise ValueError("not a shape")
+            uses = int(record.get("uses", 0))
+        except (AttributeError, KeyError, TypeError, ValueError):
+            return
+        self.stored.load(shape)
+        self.stored_uses = uses
+
+    def record(self) -> Optional[dict]:
+        """The draft's forwards as timed here, each over plain decoding's token (once that was read
+        ``settle`` times, so the ratio is of this process's rounds), for later processes. Where it
+        timed none but ran rounds on a stored shape, that shape one process older: after ``stale``
+        such processes it is dropped (``"draft": {}``), so a shape timed in a slow spell, which no
+        process then drafts on to time again, is not kept for good. Else None."""
+        if self.free or (self.draft.s and self.target.reads.get(1, 0) < self.settle):
+            return None
+        if self.draft.s:
+            return {"draft": {str(n): self.draft(n) / self.target(1) for n in sorted(self.draft.s)}, "uses": 0}
+        if not (self.stored.s and self.target.s):
+            return None
+        uses = self.stored_uses + 1
+        return {"draft": {str(n): r for n, r in self.stored.s.items()} if uses < self.stale else {}, "uses": uses}
+
+    def longest_draft(self) -> int:
+        """The longest draft forward priced on a timing (this process's, or a stored one's)."""
+        return max([*self.draft.s, *self.stored.s], default=0)
+
+    def draft_priced(self) -> bool:
+        """Whether the draft's price rests on a timing, this process's or a stored one."""
+        return bool(self.free or self.draft.s or self.stored.s)
 
     def observe(self, m: Measured, prompt: bool, passes: int) -> None:
         # A round of several passes is priced as one pass over all its tokens and one token's per
@@ -224,7 +273,12 @@ class Costs:
         """One draft forward over ``n`` tokens (``doubt``: at most ``doubt`` of the target's)."""
         if self.free or n <= 0:
             return 0.0
-        d = self.draft(n) if self.draft.s else self.draft_guess * self.target(1) * (1 + self.slope_guess * (n - 1))
+        if self.draft.s:
+            d = self.draft(n)
+        elif self.stored.s:  # as an earlier process timed it against a target token
+            d = self.target(1) * self.stored(n)
+        else:
+            d = self.draft_guess * self.target(1) * (1 + self.slope_guess * (n - 1))
         return min(d, self.doubt * self.target(n)) if doubt else d
 
     def catch_up(self, n: int, doubt: bool = False) -> float:

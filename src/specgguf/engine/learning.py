@@ -5,8 +5,10 @@ this process: its costs are this process's rounds, whatever the regime, and
 what a chat learns in one call helps the next. What a run learns of the
 draft's acceptance in a regime is stored as that regime's evidence; a later
 process starts from it as a prior (a few observations' worth, never a
-verdict), with calibrate()'s measured acceptance where it applies. Nothing
-stored prices a round: identical processes here differ by 20% in speed.
+verdict), with calibrate()'s measured acceptance where it applies. What the
+draft's forwards cost against a target token is stored too, and prices the
+draft in a later process until its own first forward is timed (identical
+processes here differ by 20% in speed, the two models alike).
 
 A process's first run in a regime measures the draft's acceptance on its
 prompt, in the prompt's round (:func:`~specgguf.engine.rounds.to_measure`),
@@ -47,7 +49,8 @@ class Learning:
     def __init__(self, state: PairState, model_free: bool = False, passes=None, k_max: int = AUTO_K_MAX,
                  tuning: Tuning = Tuning()) -> None:
         self.state = state
-        self.online = Policy(k_max, passes, free_draft=model_free, tuning=tuning)
+        self.online = Policy(k_max, passes, free_draft=model_free, tuning=tuning,
+                             costs=None if model_free else state.costs())
         self.lookup = Policy(LOOKUP_K_MAX, passes, free_draft=True, tuning=tuning)  # in front of a draft model
         self.measured = state.acceptance()
 
@@ -91,8 +94,12 @@ class Learning:
 
     def finish(self, length: DraftLength, config: GenerationConfig) -> None:
         """After a run: store what ``length`` learned of the draft in the run's
-        regime, for later processes (a fixed K and clock-blind runs write nothing)."""
+        regime, and what the pair's rounds timed of the draft, for later processes (a fixed K and
+        clock-blind runs write no evidence)."""
         self.keep(config.regime, length.record(config.regime))
+        costs = self.online.cost_record()
+        if costs is not None:
+            self.state.save_costs(costs)
 
     def keep(self, regime: str, record: Optional[dict]) -> None:
         """Store ``record`` (:meth:`~specgguf.engine.policy.Policy.record`) as ``regime``'s evidence."""

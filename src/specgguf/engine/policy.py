@@ -1,18 +1,16 @@
 """``k="auto"``: how many tokens each sequence drafts next round, on every path.
 
-Each round drafts, per sequence, the K with the most expected tokens (:mod:`~specgguf.engine.acceptance`)
-per second the round costs here (:mod:`~specgguf.engine.costs`: nothing stored prices a round,
-identical processes differ by 20%); plain decoding is always a candidate. A regime nothing is
-known of is probed by one sequence (or measured on its prompt:
-:meth:`Policy.worth_measuring`). Where the draft does not pay, the choice is
-made every ``recheck`` rounds (a lone sequence's once ``recheck`` in a row
-drafted nothing), and a lone sequence retries after ``retry`` plain rounds
-(twice as many after a retry that did not hold) if the draft would pay at its
-optimistic acceptance or at a doubted price, asking every ``recheck`` rounds. A
-draft's catch-up (a new prompt, or text it skipped) is paid once for the tokens a
-sequence is expected to emit yet, as long as recent answers ran (:meth:`Policy.left`);
-a long one is priced only once draft batches were timed (:meth:`Policy.batches_to_time`).
-Every number is in :class:`~specgguf.engine.tuning.Tuning`; nothing here touches models, files or the clock."""
+Each round drafts, per sequence, the K with the most expected tokens (:mod:`~specgguf.engine.acceptance`) per
+second the round costs here (:mod:`~specgguf.engine.costs`; the draft as an earlier process timed it against a
+target token until timed here); plain decoding is always a candidate. A regime nothing is known of is probed by
+one sequence (or measured on its prompt: :meth:`Policy.worth_measuring`). Where the draft does not pay, the
+choice is made every ``recheck`` rounds (a lone sequence's once ``recheck`` in a row drafted nothing), and a
+lone sequence retries after ``retry`` plain rounds (twice as many after a retry that did not hold) if the draft
+would pay at its optimistic acceptance or at a doubted price, asking every ``recheck`` rounds. A draft's
+catch-up (a new prompt, or text it skipped) is paid once for the tokens a sequence is expected to emit yet, as
+long as recent answers ran (:meth:`Policy.left`); a long one is priced only once draft batches were timed
+(:meth:`Policy.batches_to_time`). Every number is in :class:`~specgguf.engine.tuning.Tuning`; nothing here
+touches models, files or the clock."""
 
 from __future__ import annotations
 
@@ -30,17 +28,17 @@ __all__ = ["Policy", "Regime", "SlotView", "Tuning", "expected_tokens"]
 
 class Policy:
     """K per sequence each round, up to ``k_max``; ``passes``, ``free_draft`` as
-    :class:`~specgguf.engine.costs.Costs`; ``clock`` False (a seeded p/q run, whose
-    text the clock must not change) prices every round at the guesses and times nothing."""
+    :class:`~specgguf.engine.costs.Costs`, ``costs`` its stored record; ``clock`` False (a seeded
+    p/q run, whose text the clock must not change) prices every round at the guesses and times nothing."""
 
     fixed = False  # what a view of its sequence tells a policy (a fixed K: :class:`~specgguf.engine.draft_length.FixedK`)
 
     def __init__(self, k_max: int = AUTO_K_MAX, passes: Optional[Callable] = None, free_draft: bool = False,
-                 clock: bool = True, tuning: Tuning = Tuning()) -> None:
+                 clock: bool = True, tuning: Tuning = Tuning(), costs: Optional[dict] = None) -> None:
         if k_max < 1:
             raise ValueError(f"k_max must be >= 1, got {k_max}")
         self.k_max, self.clock, self.t = k_max, clock, tuning
-        self.costs = Costs(passes, free_draft, tuning)
+        self.costs = Costs(passes, free_draft, tuning, costs if clock else None)
         self.regimes: Dict[str, Regime] = {}
         self.answers: Deque[Tuple[int, bool]] = deque(maxlen=16)  # recent answers' lengths, and whether cut
         self.can_time = False  # its rounds time draft batches when asked (batches_to_time)
@@ -68,10 +66,12 @@ class Policy:
         r = self.regimes.get(regime)
         return r.record() if self.clock and r is not None and r.total[1] > 0 else None
 
-    @property
-    def cold(self) -> bool:
-        """Its runs start from empty caches when blind to the clock (a seeded p/q text must not move with them)."""
-        return not self.clock
+    def cost_record(self) -> Optional[dict]:
+        """What this process timed of the draft against the target, for later ones (None: too little)."""
+        return self.costs.record() if self.clock else None
+
+    cold = property(lambda self: not self.clock, doc="Its runs start from empty caches when blind to the clock "
+                    "(a seeded p/q text must not move with them).")
 
     def draft_lag(self, lag: Callable[[], int]) -> int:
         """The draft's catch-up, ``lag()``: weighed in the round's price."""
@@ -97,10 +97,9 @@ class Policy:
         self.answers.append((emitted, at_budget))
 
     def left(self, v: SlotView) -> int:
-        """The tokens ``v``'s sequence is expected to emit yet: within what it may (``remaining``),
-        as long as the recent answers that ran past its ``emitted`` went on (all of it while none
-        is known). Answers end before their budget (code edits here at 80 of 128): a catch-up
-        priced over the budget paid for tokens that never came."""
+        """The tokens ``v``'s sequence is expected to emit yet: within what it may (``remaining``), as long as the
+        recent answers that ran past its ``emitted`` went on (all of it while none is known). Answers end before their
+        budget (code edits here at 80 of 128): a catch-up priced over the budget paid for tokens that never came."""
         n = v.remaining or self.t.unknown_left
         longer = [n if cut else min(n, e - v.emitted) for e, cut in self.answers if e > v.emitted]
         return max(1, round(sum(longer) / len(longer))) if longer else n
@@ -189,20 +188,18 @@ class Policy:
         return best, rate * self.costs.seconds(steady, commons[0]) / max(1e-9, total(commons[0]))
 
     def _guessed_catchup(self, v: SlotView) -> bool:
-        """``v``'s catch-up is long (over 4x the ``batch_timing`` tokens: a chat
-        prompt's is not, and is priced on the guess as ever) and no draft forward
-        near as long was timed yet, where the rounds can time some (a draft of
+        """``v``'s catch-up is long (over 4x the ``batch_timing`` tokens: a chat prompt's is not, and is priced on the
+        guess as ever) and no draft forward near as long was timed yet, where the rounds can time some (a draft of
         another tokenizer cannot: it times its first catch-up, priced on the guess)."""
-        longest, head = max(self.costs.draft.s, default=0), sum(self.t.batch_timing)
+        longest, head = self.costs.longest_draft(), sum(self.t.batch_timing)
         return (self.can_time and self.clock and not self.costs.free and longest < max(self.t.batch_timing)
                 and 4 * head < v.draft_lag)
 
     def batches_to_time(self, v: SlotView) -> tuple:
-        """Draft forwards to time (their tokens, ``batch_timing``) before ``v``'s
-        catch-up is priced (:meth:`timed_draft`), once the target's rounds are timed
-        (prices are relative); else (). Guessed, a 345-token catch-up was priced at
-        54 ms where it took a second (a quantized draft's batches have no fast kernel
-        on some machines), and a first code edit paid it."""
+        """Draft forwards to time (their tokens, ``batch_timing``) before ``v``'s catch-up is priced
+        (:meth:`timed_draft`), once the target's rounds are timed (prices are relative); else (). Guessed, a 345-token
+        catch-up was priced at 54 ms where it took a second (a quantized draft's batches have no fast kernel on some
+        machines), and a first code edit paid it."""
         self.can_time = True
         wanted = self.costs.target.s and self._guessed_catchup(v) and self.left(v) > sum(self.t.batch_timing)
         return self.t.batch_timing if wanted else ()  # fewer tokens left than it reads: not worth a look
@@ -215,14 +212,16 @@ class Policy:
 
     def worth_measuring(self, v: SlotView, others: Sequence[SlotView] = ()) -> bool:
         """Whether to measure the draft on the prompt ``v`` reads beside ``others``: while its regime
-        is not known, if drafting would pay in that batch were the draft good; beside others only once
-        rounds were timed (guessed, 4-8 slots paid 0.25 s a fresh process for a draft that cannot pay)."""
+        is not known, if drafting would pay in that batch were the draft good (at its optimistic rate
+        where a record and timings say more: a CLI process paid 4% a call to re-learn a poor draft);
+        beside others once rounds were timed (guessed, 4-8 slots paid 0.25 s for a draft that cannot pay)."""
         caps = [min(self.k_max, (w.remaining or self.t.unknown_left) - 1) for w in [v, *others]]
         if (self.regime(v.regime).known or caps[0] <= 0 or self._guessed_catchup(v)  # a long catch-up at a
                 or (others and not self.costs.target.s)):  # guessed price (a probe decides), or a batch's untimed
             return False
         batch = [replace(w, target_lag=1, cap=max(0, c)) for w, c in zip([v, *others], caps)]
-        return self._best(batch, hope=True)[0][0] > 0
+        told = self.regime(v.regime).total[1] > 0 and self.costs.draft_priced()
+        return self._best(batch, hope=not told, optimistic=told, doubt=told)[0][0] > 0
 
     def rates(self, regime: str) -> List[float]:
         """Tokens per second a lone steady sequence of ``regime`` is predicted at, K = 0..k_max."""
@@ -231,9 +230,8 @@ class Policy:
         return [g[k] / max(self.costs.seconds([v], [k]), 1e-9) for k in range(self.k_max + 1)]
 
     def p_min(self, regime: str) -> float:
-        """``p_min="auto"``: the draft's confidence below which one more draft token
-        costs more than it is worth at the best rate (confidence taken as its
-        chance of acceptance)."""
+        """``p_min="auto"``: the draft's confidence below which one more draft token costs more than it is worth at the
+        best rate (confidence taken as its chance of acceptance)."""
         one_more = self.costs.draft_forward(1) + self.costs.target(2) - self.costs.target(1)
         return min(1.0, one_more * max(self.rates(regime)))
 
@@ -245,6 +243,7 @@ class Policy:
         head = (f"K={best} is predicted at {r[best] / r[0]:.2f}x plain decoding" if r[best] > r[0] else
                 f"drafting off: the best draft length, K={best}, is predicted at {r[best] / r[0]:.2f}x plain decoding")
         known = f"draft acceptance {acc / ver:.2f} over {ver:.0f} positions" if ver else "no acceptance known yet"
-        basis = ("no forward timed yet" if not self.costs.target.s else "costs from this process's rounds" +
-                 ("" if self.costs.draft.s or self.costs.free else " (the draft's guessed: none timed yet)"))
+        basis = "costs from this process's rounds" if self.costs.target.s else "no forward timed yet"
+        if not (self.costs.draft.s or self.costs.free) and (self.costs.stored.s or self.costs.target.s):
+            basis += " (the draft's %s)" % ("as an earlier process timed it" if self.costs.stored.s else "guessed")
         return f"{head} (K {' '.join(f'{k}:{r[k] / r[0]:.2f}' for k in range(1, len(r)))}); {known}; {basis}"

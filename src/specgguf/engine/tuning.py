@@ -34,6 +34,7 @@ class Tuning:
     spike: float = 1.5         # a shorter forward is priced at most this of a longer one as timed
     pace_share: float = 0.5    # of a count's move in price, the share taken as the machine's pace (all counts)
     settle: int = 4            # readings of a count before its moves are the pace's (a first may be a warm-up)
+    stale: int = 3             # processes a stored draft price serves that time no draft forward to renew it
     batch_timing: tuple = (1, 31)  # draft forwards timed (tokens) before a long catch-up is first priced
     recheck: int = 4           # a batch that drafted nothing, a lone sequence once this many rounds in a
     # row did, and its retries (not a lookup's: cheap) ask again every this many rounds (a choice over 8

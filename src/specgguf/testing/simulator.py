@@ -284,14 +284,15 @@ def _decoder_call(call: Call, k, learning: Learning, config: GenerationConfig, c
 
 def replay(trace: Trace, k, seed: int = 0, store: Optional[Store] = None,
            poison: Optional[Callable[[PairState], None]] = None, tuning: Tuning = Tuning(),
-           lookup: Optional[int] = None, calls: Optional[list] = None) -> float:
+           lookup: Optional[int] = None, calls: Optional[list] = None, processes: bool = False) -> float:
     """Tokens per second over the trace's calls with draft length ``k`` (an
     int, or "auto"), under noise drawn from ``seed``. ``store``: the state
     store (default: a fresh temporary one: a new user); ``poison(state)``
     writes records before the first call; ``tuning``: the policy's numbers;
     ``lookup``: a lookup in front of the draft, its shortest match (see
     :func:`_decoder_call`); ``calls``: if a list, each call's (tokens,
-    seconds, the lookup's tokens) is appended to it."""
+    seconds, the lookup's tokens) is appended to it; ``processes``: each call
+    a new process on the same store, as the CLI runs them."""
     with tempfile.TemporaryDirectory(prefix="specgguf-sim-") as tmp:
         state = PairState(store or Store(tmp), f"sim|{trace.name}")
         if poison is not None:
@@ -300,6 +301,8 @@ def replay(trace: Trace, k, seed: int = 0, store: Optional[Store] = None,
         clock = _Clock(trace.costs, np.random.default_rng(seed))
         tokens = seconds = 0.0
         for call in trace.calls:
+            if processes:
+                learning = Learning(state, tuning=tuning)
             t, s, looked = _decoder_call(call, k, learning, trace.config, clock, lookup)
             tokens, seconds = tokens + t, seconds + s
             if calls is not None:
@@ -393,12 +396,14 @@ def oracle(trace: Trace, seed: int = 0, ks: Sequence[int] = tuple(range(AUTO_K_M
 
 
 def score(trace: Trace, seeds: Sequence[int] = (0, 1, 2), poison=None, engine: bool = False,
-          tuning: Tuning = Tuning()) -> dict:
+          tuning: Tuning = Tuning(), processes: bool = False) -> dict:
     """``k="auto"`` against the best fixed K and plain decoding, per seed:
     ``{"auto": [...], "best_k": [...], "vs_oracle": [...], "vs_plain": [...]}``;
-    ``engine``: through the engine's policy (no stored state to poison)."""
+    ``engine``: through the engine's policy (no stored state to poison);
+    ``processes``: each call a new process (the CLI)."""
     run = ((lambda t, k, s: replay_engine(t, k, s, tuning)) if engine else
-           (lambda t, k, s: replay(t, k, s, poison=poison if k == "auto" else None, tuning=tuning)))
+           (lambda t, k, s: replay(t, k, s, poison=poison if k == "auto" else None, tuning=tuning,
+                                   processes=processes)))
     out = {"auto": [], "best_k": [], "vs_oracle": [], "vs_plain": []}
     for s in seeds:
         auto = run(trace, "auto", s)
