@@ -384,6 +384,22 @@ def test_a_lone_sequence_past_its_wait_asks_to_retry_every_recheck_rounds(monkey
         assert retries == len(range(Tuning.retry, Tuning.retry + 40, every)), (free, retries)
 
 
+def test_a_draft_known_only_from_a_record_is_asked_about_every_recheck_rounds(monkeypatch):
+    """A CLI call whose record and stored price say the draft cannot pay does not measure it, so its
+    regime stays unknown (no verdict yet): it rests as a known one does, asking every ``recheck``
+    rounds, not every round (every round cost such a call 2% of its time against ``-k 0``)."""
+    p = Policy(8, costs={"draft": {"1": 2.0, "2": 2.2}})  # a draft dearer than the target
+    p.begin("greedy", record={"accepted": [1.0] * 9, "verified": [10.0] * 9, "total": [1.0, 10.0]})
+    asks = []
+    real = p._best
+    monkeypatch.setattr(p, "_best", lambda views, **kw: (asks.append(kw), real(views, **kw))[1])
+    view = SlotView("greedy", 8, remaining=1000)
+    for _ in range(Tuning.retry):
+        assert p.choose([view]) == [0]
+        p.round_done([view], [0], Measured(1, HERE["target"](1)))
+    assert not p.regime("greedy").known and len(asks) <= Tuning.recheck + Tuning.retry // Tuning.recheck
+
+
 def test_explain_says_what_the_choice_rests_on():
     policy = Policy(8)
     assert "no forward timed yet" in policy.explain("greedy")

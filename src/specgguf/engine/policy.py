@@ -120,8 +120,9 @@ class Policy:
         due = len(views) == 1 and not views[0].fixed and views[0].cap > 0 and r.idle >= r.wait  # a retry
         retry = due and (self.costs.free or (r.idle - r.wait) % self.t.recheck == 0) and self.clock
         # The model's choice costs 0.1-0.8 ms a round: idle, it is made every `recheck` rounds, a lone
-        # sequence's once `recheck` in a row drafted nothing (a plain round after a miss is often one).
-        rest = (not self.costs.free and self.resting % self.t.recheck and all(self.regime(v.regime).known
+        # sequence's once `recheck` in a row drafted nothing (a plain round after a miss is often one),
+        # wherever anything is known of the draft (a record: a CLI call that need not measure it).
+        rest = (not self.costs.free and self.resting % self.t.recheck and all(self.regime(v.regime).total[1] > 0
                 for v in views) and (len(views) > 1 or (self.resting > self.t.recheck and not retry)))
         if (self.clock and not self.costs.target.s) or rest:
             self.resting += bool(rest)
