@@ -287,7 +287,27 @@ def test_a_stored_draft_price_is_a_ratio_to_a_target_token_and_a_damaged_one_add
     for bad in (None, [], {"draft": "x"}, {"draft": {}}, {"draft": {"0": 1.0}}, {"draft": {"1": -1.0}},
                 {"draft": {"a": 1.0}}, {"draft": {"1": 0.5}, "uses": "x"}):
         assert not Costs(None, False, Tuning(), bad).draft_priced()
-    assert Costs(None, True, Tuning(), rec).record() is None  # a lookup costs nothing: nothing to store
+    assert Costs(None, True, Tuning(), rec).record() is None  # nothing timed: nothing to store
+
+
+def test_a_target_batch_past_those_timed_is_priced_as_an_earlier_process_timed_it():
+    """A lookup's first 33-token round on a fresh CLI call was hoped at a 4-token batch's price
+    (17 ms where it took 45): past the counts timed here, the target's batches are priced on an
+    earlier process's shape, scaled to this process's speed; a lookup's record is the target's alone."""
+    from specgguf.engine.costs import Costs
+    look = Costs(None, True, Tuning())
+    for n, ms in ((1, 10.0), (4, 14.0), (33, 45.0)):
+        for _ in range(Tuning.settle):
+            look.target.observe(n, ms / 1e3)
+    rec = look.record()
+    assert set(rec) == {"target"} and rec["target"]["33"] == pytest.approx(4.5)
+    hoped, fresh = Costs(None, True, Tuning()), Costs(None, True, Tuning(), rec)
+    for costs in (hoped, fresh):
+        for n, ms in ((1, 20.0), (4, 28.0)):  # a process twice as slow, that timed up to 4 tokens
+            for _ in range(Tuning.settle):
+                costs.target.observe(n, ms / 1e3)
+    assert hoped.target(33) == pytest.approx(0.028)  # nothing known: flat past the largest count, hoping
+    assert fresh.target(33) == pytest.approx(0.090) and fresh.target(4) == pytest.approx(0.028)
 
 
 def test_a_probes_read_back_of_skipped_tokens_counts_as_evidence():

@@ -176,7 +176,8 @@ def test_eight_processes_meet_a_new_pair_at_once(private_state):
     assert {"files", "evidence"} <= kinds
     for f in private_state.glob("costs/*.json"):  # prices only as ratios to a target token, never seconds
         value = json.loads(f.read_text())["value"]
-        assert set(value) == {"draft", "uses"} and all(0 < r < 100 for r in value["draft"].values())
+        assert "target" in value and set(value) <= {"target", "draft", "uses"}
+        assert all(0 < r < 100 for shape in ("target", "draft") for r in value.get(shape, {}).values())
 
 
 def test_pair_state_keeps_kinds_and_pairs_apart(tmp_path):
@@ -185,8 +186,11 @@ def test_pair_state_keeps_kinds_and_pairs_apart(tmp_path):
     s.save_evidence("greedy", {"total": [1.0, 2.0]})
     s.save_evidence("t0.80-k40-p0.95-m0.05-exact", {"total": [5.0, 5.0]})
     s.save_costs({"draft": {"1": 0.4}, "uses": 0})
+    s.save_costs({"target": {"1": 1.0}})  # a lookup's: the target's shape merged, the draft's kept
+    s.save_costs({"target": {"9": 2.0}, "draft": {"1": 0.4}, "uses": 0})
     assert PairState(Store(tmp_path), "t+d").acceptance() == {"greedy": 0.9, "sampled": 0.8}
-    assert s.costs() == {"draft": {"1": 0.4}, "uses": 0} and PairState(Store(tmp_path), "t+x").costs() is None
+    assert s.costs() == {"target": {"1": 1.0, "9": 2.0}, "draft": {"1": 0.4}, "uses": 0}
+    assert PairState(Store(tmp_path), "t+x").costs() is None
     assert s.evidence("greedy") == {"total": [1.0, 2.0]}
     assert s.evidence("t0.80-k40-p0.95-m0.05-exact") == {"total": [5.0, 5.0]}
     other = PairState(Store(tmp_path), "t+e")

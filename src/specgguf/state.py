@@ -237,7 +237,13 @@ class PairState:
         return self.store.read("costs", self.pair)
 
     def save_costs(self, record: dict) -> None:
-        self.store.write("costs", self.pair, record)
+        """Merge ``record`` into the stored one: the target's counts it timed replace theirs, and
+        its draft shape (with its age) the stored one where it has one."""
+        def merge(old: Optional[dict]) -> dict:
+            old = old if isinstance(old, dict) else {}
+            target = old.get("target") if isinstance(old.get("target"), dict) else {}
+            return {**old, **record, "target": {**target, **record.get("target", {})}}
+        self.store.update("costs", self.pair, merge)
 
     def evidence(self, regime: str) -> Optional[dict]:
         return self.store.read("evidence", f"{self.pair}|{regime}")

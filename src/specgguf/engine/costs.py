@@ -69,6 +69,7 @@ class Timed:
                  share: float = Tuning.pace_share, settle: int = Tuning.settle) -> None:
         self.slope, self.flat, self.pace, self.spike, self.s = slope, flat, pace, spike, {}
         self.share, self.settle, self.reads = share, settle, {}
+        self.known: Optional["Timed"] = None  # an earlier process's shape, in ratios: past the counts timed here
         # A policy asks the same counts hundreds of times a round (a choice over four slots: about
         # 500 calls, 2 ms where a round takes 30): shapes are kept until a reading moves them, and
         # the counts timed in order, with the least seconds of any from each on.
@@ -158,6 +159,8 @@ class Timed:
         if lo == n:
             return s[n]
         if i == len(counts):  # past the largest
+            if self.known is not None and self.known.s:  # as an earlier process timed it, not hoped or guessed
+                return s[lo] * self.known._price(n) / self.known._price(lo)
             if len(counts) == 1 or (self.flat and not hope):
                 return s[lo] * (1 + self.slope * (n - lo))
             a, b = counts[-2], counts[-1]
@@ -176,6 +179,15 @@ class Fastest(Timed):
         if n > 0 and seconds > 0.0:
             self.s[n], self.reads[n] = min(seconds, self.s.get(n, seconds)), self.reads.get(n, 0) + 1
             self._timed()
+
+
+def _shape(record, key: str) -> Optional[dict]:
+    """``record[key]`` as ``{tokens: ratio}``, or None if absent or damaged."""
+    try:
+        shape = {int(n): float(r) for n, r in record[key].items()}
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return None
+    return shape if shape and min(shape) >= 1 and all(0.0 < r < 1e4 for r in shape.values()) else None
 
 
 def _follow(old: Optional[float], new: float) -> float:
@@ -201,37 +213,39 @@ class Costs:
                                    for flat in (True, False))
         self.fastest = Fastest(t.slope_guess, t.spike, t.settle)  # the draft's
         self.stored = Timed(t.slope_guess, False, [1.0], t.spike, 0.0, t.settle)  # its forwards / a target token's
+        self.target.known = Timed(t.slope_guess, False, [1.0], t.spike, 0.0, t.settle)  # the target's, likewise
         self.settle, self.stale, self.stored_uses = t.settle, t.stale, 0
         self._passes: dict = {}  # count_passes' answers: a function of the counts alone
         self.add_record(record)
 
     def add_record(self, record: Optional[dict]) -> None:
-        """An earlier process's :meth:`record`: the draft priced so until one of its forwards is
-        timed here (damaged records add nothing)."""
-        try:
-            shape = {int(n): float(r) for n, r in record["draft"].items()}
-            if not shape or min(shape) < 1 or not all(0.0 < r < 1e4 for r in shape.values()):
-                raise ValueError("not a shape")
-            uses = int(record.get("uses", 0))
-        except (AttributeError, KeyError, TypeError, ValueError):
-            return
-        self.stored.load(shape)
-        self.stored_uses = uses
+        """An earlier process's :meth:`record`: the draft priced so until one of its forwards is timed
+        here, the target's batches past those timed here (a 33-token lookup was hoped at a 4-token
+        batch's price, 17 ms where it took 45); damaged shapes add nothing."""
+        uses = record.get("uses", 0) if isinstance(record, dict) else None
+        for key, timed in (("draft", self.stored), ("target", self.target.known)):
+            shape = _shape(record, key)
+            if shape and (key == "target" or (isinstance(uses, int) and uses >= 0)):
+                timed.load(shape)
+        self.stored_uses = uses if self.stored.s else 0
 
     def record(self) -> Optional[dict]:
-        """The draft's forwards as timed here, each over plain decoding's token (once that was read
-        ``settle`` times, so the ratio is of this process's rounds), for later processes. Where it
-        timed none but ran rounds on a stored shape, that shape one process older: after ``stale``
-        such processes it is dropped (``"draft": {}``), so a shape timed in a slow spell, which no
-        process then drafts on to time again, is not kept for good. Else None."""
-        if self.free or (self.draft.s and self.target.reads.get(1, 0) < self.settle):
+        """This process's forwards, each over plain decoding's token (once that was read ``settle``
+        times, so the ratios are of this process's rounds), for later processes: the target's
+        batches, and the draft's forwards if it timed any. If it timed none but ran on a stored
+        draft shape, that shape one process older: after ``stale`` such processes it is dropped
+        (``"draft": {}``), so one timed in a slow spell, which no process then drafts on to time
+        again, is not kept for good. None: too little timed."""
+        if self.target.reads.get(1, 0) < self.settle:
             return None
-        if self.draft.s:
-            return {"draft": {str(n): self.draft(n) / self.target(1) for n in sorted(self.draft.s)}, "uses": 0}
-        if not (self.stored.s and self.target.s):
-            return None
-        uses = self.stored_uses + 1
-        return {"draft": {str(n): r for n, r in self.stored.s.items()} if uses < self.stale else {}, "uses": uses}
+        one = self.target(1)
+        out: dict = {"target": {str(n): self.target(n) / one for n in sorted(self.target.s)}}
+        if self.draft.s and not self.free:
+            out.update(draft={str(n): self.draft(n) / one for n in sorted(self.draft.s)}, uses=0)
+        elif self.stored.s and not self.free:
+            uses = self.stored_uses + 1
+            out.update(draft={str(n): r for n, r in self.stored.s.items()} if uses < self.stale else {}, uses=uses)
+        return out
 
     def longest_draft(self) -> int:
         """The longest draft forward priced on a timing (this process's, or a stored one's)."""

@@ -6,9 +6,10 @@ what a chat learns in one call helps the next. What a run learns of the
 draft's acceptance in a regime is stored as that regime's evidence; a later
 process starts from it as a prior (a few observations' worth, never a
 verdict), with calibrate()'s measured acceptance where it applies. What the
-draft's forwards cost against a target token is stored too, and prices the
-draft in a later process until its own first forward is timed (identical
-processes here differ by 20% in speed, the two models alike).
+forwards cost against a target token is stored too: a later process prices
+the draft so until its own first forward is timed, and the target's batches
+past those it timed (identical processes here differ by 20% in speed, the
+two models alike).
 
 A process's first run in a regime measures the draft's acceptance on its
 prompt, in the prompt's round (:func:`~specgguf.engine.rounds.to_measure`),
@@ -49,9 +50,9 @@ class Learning:
     def __init__(self, state: PairState, model_free: bool = False, passes=None, k_max: int = AUTO_K_MAX,
                  tuning: Tuning = Tuning()) -> None:
         self.state = state
-        self.online = Policy(k_max, passes, free_draft=model_free, tuning=tuning,
-                             costs=None if model_free else state.costs())
-        self.lookup = Policy(LOOKUP_K_MAX, passes, free_draft=True, tuning=tuning)  # in front of a draft model
+        costs = state.costs()
+        self.online = Policy(k_max, passes, free_draft=model_free, tuning=tuning, costs=costs)
+        self.lookup = Policy(LOOKUP_K_MAX, passes, free_draft=True, tuning=tuning, costs=costs)  # before a model
         self.measured = state.acceptance()
 
     def prior(self, config: GenerationConfig) -> Optional[float]:
@@ -97,9 +98,10 @@ class Learning:
         regime, and what the pair's rounds timed of the draft, for later processes (a fixed K and
         clock-blind runs write no evidence)."""
         self.keep(config.regime, length.record(config.regime))
-        costs = self.online.cost_record()
-        if costs is not None:
-            self.state.save_costs(costs)
+        for policy in (self.lookup, self.online):  # the lookup's rounds time the target's long batches
+            costs = policy.cost_record()
+            if costs is not None:
+                self.state.save_costs(costs)
 
     def keep(self, regime: str, record: Optional[dict]) -> None:
         """Store ``record`` (:meth:`~specgguf.engine.policy.Policy.record`) as ``regime``'s evidence."""

@@ -70,8 +70,7 @@ class Policy:
         """What this process timed of the draft against the target, for later ones (None: too little)."""
         return self.costs.record() if self.clock else None
 
-    cold = property(lambda self: not self.clock, doc="Its runs start from empty caches when blind to the clock "
-                    "(a seeded p/q text must not move with them).")
+    cold = property(lambda self: not self.clock, doc="Its runs start cold when blind to the clock (seeded p/q).")
 
     def draft_lag(self, lag: Callable[[], int]) -> int:
         """The draft's catch-up, ``lag()``: weighed in the round's price."""
@@ -212,9 +211,9 @@ class Policy:
                 self.costs.timed_draft(n, seconds)
 
     def worth_measuring(self, v: SlotView, others: Sequence[SlotView] = ()) -> bool:
-        """Whether to measure the draft on the prompt ``v`` reads beside ``others``: while its regime
-        is not known, if drafting would pay in that batch were the draft good (at its optimistic rate
-        where a record and timings say more: a CLI process paid 4% a call to re-learn a poor draft);
+        """Whether to measure the draft on the prompt ``v`` reads beside ``others``: while its regime is not
+        known, if drafting would pay in that batch were the draft good (where a record and a price say more,
+        by ``retry_gain`` at its optimistic rate, as a retry: a CLI call paid 4-5% to re-learn a poor draft);
         beside others once rounds were timed (guessed, 4-8 slots paid 0.25 s for a draft that cannot pay)."""
         caps = [min(self.k_max, (w.remaining or self.t.unknown_left) - 1) for w in [v, *others]]
         if (self.regime(v.regime).known or caps[0] <= 0 or self._guessed_catchup(v)  # a long catch-up at a
@@ -222,7 +221,8 @@ class Policy:
             return False
         batch = [replace(w, target_lag=1, cap=max(0, c)) for w, c in zip([v, *others], caps)]
         told = self.regime(v.regime).total[1] > 0 and self.costs.draft_priced()
-        return self._best(batch, hope=not told, optimistic=told, doubt=told)[0][0] > 0
+        best, gain = self._best(batch, hope=not told, optimistic=told, doubt=told)
+        return best[0] > 0 and (not told or gain >= self.t.retry_gain)
 
     def rates(self, regime: str) -> List[float]:
         """Tokens per second a lone steady sequence of ``regime`` is predicted at, K = 0..k_max."""
