@@ -38,6 +38,7 @@ FROM_TARGET, FROM_DRAFT, FROM_LOOKUP = 0, 1, 2
 # where the model would not draft (on chat, 2-3 token matches of common phrases took rounds the
 # model drafts better; on a first code edit, where the model sits out, the lookup drafts them).
 STRONG = 4
+REACH = 2  # a match of n tokens drafts at most REACH * n (a common phrase on chat offered 32 tokens)
 
 
 @dataclass
@@ -77,7 +78,8 @@ class LookupFirst:
         if cap <= 0:
             return 0, False
         n = len(self.lookup.propose(context, cap).tokens)
-        return n, getattr(self.lookup, "matched", STRONG) >= STRONG
+        matched = getattr(self.lookup, "matched", STRONG)
+        return min(n, REACH * matched), matched >= STRONG
 
 
 def choose_turns(contexts: Sequence[Sequence[int]], views: Sequence[SlotView], drafter: Drafter,
