@@ -372,6 +372,18 @@ def test_what_the_engine_learns_of_the_draft_is_stored_for_later_processes(pairs
     assert after is not None and after["total"][1] > 0 and after["total"][1] != n0
 
 
+def test_what_the_engine_times_is_stored_for_later_processes_as_ratios(pairs):
+    """A serve process priced its draft and its long batches on guesses however many
+    had run before it: k="auto" requests in the engine now store the forwards their
+    rounds timed, as ratios to plain decoding's token, as one-sequence runs do."""
+    many, _ = pairs
+    for i in range(3):
+        many.generate(chat(PROMPTS[i]), max_tokens=48, k="auto", chat=True, temperature=0)
+    costs = many.pair.state.costs()
+    assert costs is not None and costs["target"]["1"] == pytest.approx(1.0)
+    assert all(0 < r < 100 for r in costs["target"].values())
+
+
 # ---- slots taken by new requests: their caches kept in host memory ------------------------
 
 def test_a_slots_cache_saved_and_loaded_into_another_slot_gives_the_same_rows(pairs):

@@ -91,6 +91,8 @@ class Runner:
         out, produced = self._text(config), []
         yield from self._decode(iter(ticket), out, should_stop, produced, sampler, ticket.stats)
         self.learning.keep(config.regime, engine.record(config.regime))  # for later processes
+        if ticket.length is self.learning.online:
+            engine.store(self.learning.keep_costs)
         res = self._result(ticket, out, produced[:out.n_tokens()], len(ids), time.perf_counter() - t0, before)
         res.stats["cached_tokens"] = ticket.cached
         res.stats["why"] = engine.explain(ticket)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections import deque
-from typing import Deque, FrozenSet, List, Optional, Sequence
+from typing import Callable, Deque, FrozenSet, List, Optional, Sequence
 
 from ..llama.model import LlamaModel
 from ..llama.stash import Stash
@@ -241,6 +241,11 @@ class Engine:
         """What the policy knows of the draft's acceptance in ``regime``, for the state store."""
         with self.cond:
             return self.policy.record(regime)
+
+    def store(self, keep: Callable[[], None]) -> None:
+        """``keep()`` (what stores the policies' timings) between the engine's rounds."""
+        with self.cond:
+            keep()
 
     def wake(self) -> None:
         with self.cond:

@@ -95,10 +95,17 @@ class Learning:
 
     def finish(self, length: DraftLength, config: GenerationConfig) -> None:
         """After a run: store what ``length`` learned of the draft in the run's
-        regime, and what the pair's rounds timed of the draft, for later processes (a fixed K and
-        clock-blind runs write no evidence)."""
+        regime, and what the pair's rounds timed, for later processes (a fixed K and
+        clock-blind runs write nothing)."""
         self.keep(config.regime, length.record(config.regime))
-        for policy in (self.lookup, self.online):  # the lookup's rounds time the target's long batches
+        if length is self.online:
+            self.keep_costs()
+
+    def keep_costs(self) -> None:
+        """Store what the pair's policies timed of the forwards (:meth:`~specgguf.engine.policy.Policy.cost_record`;
+        the lookup's rounds time the target's long batches, the model's its short ones). The caller
+        holds whatever lock guards the policies (the engine's, beside its rounds)."""
+        for policy in (self.lookup, self.online):
             costs = policy.cost_record()
             if costs is not None:
                 self.state.save_costs(costs)
