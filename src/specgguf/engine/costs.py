@@ -1,14 +1,15 @@
 """What a round costs here, as this process's own rounds were timed.
 
 The draft policy (:mod:`~specgguf.engine.policy`) weighs each K's expected
-tokens against these seconds. Nothing stored prices a round once this
-process has timed its own: identical processes on one machine differ by 20%,
-and a busy spell moves every price at once. Before the draft's first forward
-here, its forwards are priced as an earlier process timed them *against the
-target's token* (:meth:`Costs.record`): a ratio both models' speeds move
-alike, where a guess of a tenth had every new CLI process measure a draft
-that cannot pay. Nothing here reads the clock itself: the caller times its
-rounds and reports them as :class:`Measured`.
+tokens against these seconds. No stored seconds price a round: identical
+processes on one machine differ by 20%, and a busy spell moves every price
+at once. What a process has not timed yet (the draft, before its first
+forward here; the target's batches longer than any timed here) is priced as
+an earlier process timed it *against the target's token* (:meth:`Costs.record`):
+a ratio both models' speeds move alike, where a guess of a tenth had every
+new CLI process measure a draft that cannot pay, and a hope priced a 33-token
+batch as a 4-token one. Nothing here reads the clock itself: the caller
+times its rounds and reports them as :class:`Measured`.
 """
 
 from __future__ import annotations
