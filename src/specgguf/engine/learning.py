@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ..config import AUTO_K_MAX, LOOKUP_K_MAX, GenerationConfig
+from ..ops.sampling import seed_fixes_text
 from .draft_length import DraftLength, draft_length
 from .policy import Policy, Tuning
 from ..state import PairState
@@ -125,4 +126,4 @@ class Learning:
 
 def clock_blind(config: GenerationConfig) -> bool:
     """Exact p/q sampling with a seed: the clock must not change the output."""
-    return config.verification == "exact" and config.seed is not None
+    return seed_fixes_text(config.verification, config.seed)

@@ -53,6 +53,14 @@ def warp(logits: np.ndarray, temperature: float, top_k: int = 40, top_p: float =
     return _core.warp(logits, float(temperature), int(top_k), float(top_p), float(min_p))
 
 
+def seed_fixes_text(rule: str, seed: Optional[int]) -> bool:
+    """Exact p/q sampling with a seed: the one setting whose text the draft's logits to the last bit,
+    and the K chosen each round, can change (each verdict weighs the draft's q, and K decides which
+    uniforms are drawn), while the same seed and settings must give it again. Greedy and race
+    verdicts never read the draft's rows; unseeded p/q sampling promises no text."""
+    return rule == "exact" and seed is not None
+
+
 class Sampler:
     """The rule by which one generation picks and verifies tokens.
 
@@ -96,10 +104,8 @@ class Sampler:
     @property
     def reads_draft_bits(self) -> bool:
         """Whether the draft's logits, to the last bit, can change a text that the
-        same settings must give again: exact p/q sampling with a seed (each verdict
-        weighs the draft's q). Greedy and race verdicts never read the draft's
-        rows; unseeded p/q sampling promises no text."""
-        return self.rule == "exact" and self.seed is not None
+        same settings must give again (:func:`seed_fixes_text`)."""
+        return seed_fixes_text(self.rule, self.seed)
 
     @classmethod
     def from_config(cls, config, origin: int = 0, grammar=None) -> "Sampler":
