@@ -187,7 +187,8 @@ def test_pair_state_keeps_kinds_and_pairs_apart(tmp_path):
     s.save_evidence("t0.80-k40-p0.95-m0.05-exact", {"total": [5.0, 5.0]})
     s.save_costs({"draft": {"1": 0.4}, "uses": 0})
     s.save_costs({"target": {"1": 1.0}})  # a lookup's: the target's shape merged, the draft's kept
-    s.save_costs({"target": {"9": 2.0}, "draft": {"1": 0.4}, "uses": 0})
+    s.save_costs({"target": {"9": 3.0}}, {"target": {"9": 2.0}, "draft": {"1": 0.4}, "uses": 0})  # in order
+    s.save_costs()  # nothing timed: nothing written
     assert PairState(Store(tmp_path), "t+d").acceptance() == {"greedy": 0.9, "sampled": 0.8}
     assert s.costs() == {"target": {"1": 1.0, "9": 2.0}, "draft": {"1": 0.4}, "uses": 0}
     assert PairState(Store(tmp_path), "t+x").costs() is None

@@ -236,14 +236,17 @@ class PairState:
         until a new process times its own: :class:`~specgguf.engine.costs.Costs`), or None."""
         return self.store.read("costs", self.pair)
 
-    def save_costs(self, record: dict) -> None:
-        """Merge ``record`` into the stored one: the target's counts it timed replace theirs, and
-        its draft shape (with its age) the stored one where it has one."""
+    def save_costs(self, *records: dict) -> None:
+        """Merge ``records`` into the stored one, in order, in one update: the target's counts each
+        timed replace theirs, and its draft shape (with its age) the stored one where it has one."""
         def merge(old: Optional[dict]) -> dict:
-            old = old if isinstance(old, dict) else {}
-            target = old.get("target") if isinstance(old.get("target"), dict) else {}
-            return {**old, **record, "target": {**target, **record.get("target", {})}}
-        self.store.update("costs", self.pair, merge)
+            out = old if isinstance(old, dict) else {}
+            for record in records:
+                target = out.get("target") if isinstance(out.get("target"), dict) else {}
+                out = {**out, **record, "target": {**target, **record.get("target", {})}}
+            return out
+        if records:
+            self.store.update("costs", self.pair, merge)
 
     def evidence(self, regime: str) -> Optional[dict]:
         return self.store.read("evidence", f"{self.pair}|{regime}")

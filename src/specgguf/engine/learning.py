@@ -106,10 +106,8 @@ class Learning:
         """Store what the pair's policies timed of the forwards (:meth:`~specgguf.engine.policy.Policy.cost_record`;
         the lookup's rounds time the target's long batches, the model's its short ones). The caller
         holds whatever lock guards the policies (the engine's, beside its rounds)."""
-        for policy in (self.lookup, self.online):
-            costs = policy.cost_record()
-            if costs is not None:
-                self.state.save_costs(costs)
+        records = (policy.cost_record() for policy in (self.lookup, self.online))
+        self.state.save_costs(*(r for r in records if r is not None))  # one read and write of the file
 
     def keep(self, regime: str, record: Optional[dict]) -> None:
         """Store ``record`` (:meth:`~specgguf.engine.policy.Policy.record`) as ``regime``'s evidence."""
