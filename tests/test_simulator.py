@@ -24,6 +24,17 @@ def test_plain_decoding_costs_the_prompt_then_one_target_forward_per_token():
     assert simulator.replay(trace, 0) == pytest.approx(want)
 
 
+def test_phases_price_the_target_s_one_token_forwards_and_spells_last_a_time():
+    """A one-token phase from the second call, a warm-up after each prompt, and a busy spell
+    over the first 0.1 s (it slows the first prompt's round, which ends past it), by hand."""
+    c = replace(QUIET, one_token=((1, 9, 0.5),), warm_up=(2, 2.0), bursts=((0.0, 0.1, 3.0),))
+    trace = Trace("phases", c, [Call(prompt=6, agree=[True] * 5)] * 2)
+    one, prompt = QUIET.target_cost(1), QUIET.target_cost(6)
+    first = 3 * prompt + 2 * (one * 2.0) + 2 * one
+    second = prompt + 2 * (0.5 * one * 2.0) + 2 * (0.5 * one)
+    assert simulator.replay(trace, 0) == pytest.approx(10 / (first + second))
+
+
 def test_a_fixed_k_round_accepts_the_run_of_agreements_and_pays_its_catch_up():
     """K = 2 over agree = [T, T, F, T, ...]: the rounds and the draft's lag by hand."""
     agree = [True, True, False, True, True, True, True]

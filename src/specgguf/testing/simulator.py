@@ -15,7 +15,7 @@ what decides a policy's speed is replayed.
   what the draft skipped: 1 after a rejection, 2 after a full accept, the
   whole lag after plain rounds; past 9, a cost per token), and of
   everything else in a round; each round's
-  are scaled by lognormal noise, and bursts slow a stretch of rounds alike
+  are scaled by lognormal noise, and bursts slow a stretch of time alike
   (another process on the machine).
 
 :func:`replay_engine` does the same as the engine runs it (``serve``): one request
@@ -65,8 +65,12 @@ class Costs:
     target_per_token: float = 0.0    # past the table, each further token the target reads (0: the table's last step)
     other: float = 0.0003            # warp, verify, Python, per round
     noise: float = 0.05              # lognormal sigma, per round
-    bursts: Sequence[tuple] = ()     # (first round, last round, factor): all costs times factor
-    draft_bursts: Sequence[tuple] = ()  # the same for the draft's forwards alone (a phase in which they lag)
+    bursts: Sequence[tuple] = ()     # (from, to: seconds into the trace, factor): all costs times factor
+    draft_bursts: Sequence[tuple] = ()  # (first round, last round, factor): the draft's forwards alone (a warm-up)
+    # The target's one-token forwards alone: (first call, last call, factor), calls counted from 0 (a phase
+    # in which the memory-bound decode speeds up and batches do not), and (forwards, factor) after each prompt
+    one_token: Sequence[tuple] = ()
+    warm_up: tuple = (0, 1.0)
 
     def target_cost(self, b: int) -> float:
         t = self.target
@@ -149,25 +153,33 @@ def synthetic_agreement(n: int, rate: float, rng: np.random.Generator, stickines
 
 
 class _Clock:
-    """Seconds of round parts under the trace's noise and bursts."""
+    """Seconds of round parts under the trace's noise, bursts and phases."""
 
     def __init__(self, costs: Costs, rng: np.random.Generator) -> None:
-        self.c, self.rng, self.round = costs, rng, 0
+        # now: seconds into the trace. A busy spell lasts a while, not a count of rounds: keyed on rounds,
+        # a spell fell on other text for a policy that drafts (fewer rounds a token) than for a fixed K.
+        self.c, self.rng, self.now, self.round, self.call, self.ones = costs, rng, 0.0, 0, -1, 0
 
-    def factor(self) -> float:
+    def new_call(self) -> None:
+        self.call, self.ones = self.call + 1, 0
+
+    def target(self, b: int, f: float) -> float:
+        """The target's forward over ``b`` tokens at the round's factor ``f`` (and a one-token
+        forward's phase and warm-up)."""
+        s = self.c.target_cost(b) * f
+        if b == 1:
+            self.ones += 1
+            s *= self.c.warm_up[1] if self.ones <= self.c.warm_up[0] else 1.0
+            for first, last, x in self.c.one_token:
+                s *= x if first <= self.call <= last else 1.0
+        return s
+
+    def next_round(self) -> tuple:
+        """A new round's factors: every part's (noise, a busy spell), the draft's forwards' further one."""
         f = math.exp(self.rng.normal(0.0, self.c.noise)) if self.c.noise else 1.0
-        return f * self._burst(self.c.bursts)
-
-    def draft_factor(self) -> float:
-        """The draft's forwards' extra factor this round."""
-        return self._burst(self.c.draft_bursts)
-
-    def _burst(self, bursts: Sequence[tuple]) -> float:
-        f = 1.0
-        for first, last, slow in bursts:
-            if first <= self.round <= last:
-                f *= slow
-        return f
+        f *= math.prod(x for first, last, x in self.c.bursts if first <= self.now <= last)
+        self.round += 1
+        return f, math.prod(x for first, last, x in self.c.draft_bursts if first <= self.round - 1 <= last)
 
 
 def _accepted(call: Call, pos: int, k: int) -> int:
@@ -183,13 +195,12 @@ def _round(call: Call, pos: int, view: SlotView, k: int, clock: _Clock) -> tuple
     """One round at output position ``pos`` drafting ``k`` for ``view``'s
     sequence: ``(accepted, its Measured, the read-back of skipped tokens)``."""
     c = clock.c
-    f, fd = clock.factor(), clock.draft_factor()
-    clock.round += 1
+    f, fd = clock.next_round()
     lag = view.draft_lag
     forwards = [(lag, c.draft_cost(lag) * f * fd, 1)] + [(1, c.draft_cost(1) * f * fd, 1)] * (k - 1) if k else []
     checked = 0 if not k or lag <= 2 else max(0, min(CHECK_ROWS, lag - 1, pos))  # as SlotDrafter's read-back
     catchup = (float(sum(call.agree[pos - checked:pos])), checked) if checked else None
-    m = Measured(view.target_lag + k, c.target_cost(view.target_lag + k) * f, forwards, k + 1, c.other * f)
+    m = Measured(view.target_lag + k, clock.target(view.target_lag + k, f), forwards, k + 1, c.other * f)
     return _accepted(call, pos, k), m, catchup
 
 
@@ -213,6 +224,7 @@ def _run_call(call: Call, length: DraftLength, regime: str, clock: _Clock, evalu
             forwards = [(c, clock.c.draft_cost(c)) for c in counts]
             length.timed_draft(forwards)
             seconds, evaluated = seconds + sum(s for _, s in forwards), evaluated + sum(counts)
+            clock.now += sum(s for _, s in forwards)
             view = replace(view, draft_lag=context - evaluated)
         if lookup is not None:
             lookup.lookup.pos = pos
@@ -221,13 +233,13 @@ def _run_call(call: Call, length: DraftLength, regime: str, clock: _Clock, evalu
         if turn.drafter is _MODEL:
             accepted, m, catchup = _round(call, pos, view, kk, clock)
         else:
-            f = clock.factor()
-            clock.round += 1
+            f = clock.next_round()[0]
             accepted, catchup = lookup.lookup.accepted(kk), None
-            m = Measured(view.target_lag + kk, clock.c.target_cost(view.target_lag + kk) * f, [], kk + 1,
+            m = Measured(view.target_lag + kk, clock.target(view.target_lag + kk, f), [], kk + 1,
                          clock.c.other * f)
             looked += accepted
-        seconds += m.target_seconds + m.rest_seconds + sum(x[1] for x in m.draft_forwards)
+        spent = m.target_seconds + m.rest_seconds + sum(x[1] for x in m.draft_forwards)
+        seconds, clock.now = seconds + spent, clock.now + spent
         draft = Draft([0] * kk, catchup=catchup, forwards=[])
         report(turn, lookup, draft, accepted, m)
         after_miss = accepted < kk
@@ -267,6 +279,7 @@ def _decoder_call(call: Call, k, learning: Learning, config: GenerationConfig, c
     length.batches_to_time(view)  # asked first, as the rounds do (nothing to time before the target is)
     if length.worth_measuring(view):
         seconds, evaluated = clock.c.draft_cost(call.prompt - 1), call.prompt - 1
+        clock.now += seconds
         length.timed_draft([(evaluated, seconds)])  # the draft read the prompt: its forward is timed
         got = _prompt_measure(call)
         if got is not None:
@@ -301,6 +314,7 @@ def replay(trace: Trace, k, seed: int = 0, store: Optional[Store] = None,
         clock = _Clock(trace.costs, np.random.default_rng(seed))
         tokens = seconds = 0.0
         for call in trace.calls:
+            clock.new_call()
             if processes:
                 learning = Learning(state, tuning=tuning)
             t, s, looked = _decoder_call(call, k, learning, trace.config, clock, lookup)
@@ -319,6 +333,7 @@ def replay_engine(trace: Trace, k, seed: int = 0, tuning: Tuning = Tuning()) -> 
     clock = _Clock(trace.costs, np.random.default_rng(seed))
     tokens = seconds = 0.0
     for call in trace.calls:
+        clock.new_call()
         evaluated, got = 0, None
         view = SlotView(regime, 0, target_lag=call.prompt, draft_lag=call.prompt, remaining=call.asked)
         policy.batches_to_time(view)
@@ -329,6 +344,7 @@ def replay_engine(trace: Trace, k, seed: int = 0, tuning: Tuning = Tuning()) -> 
             policy.measured(regime, *got)
             policy.timed_draft([(call.prompt - 1, clock.c.draft_cost(call.prompt - 1))])
             seconds, evaluated = seconds + clock.c.draft_cost(call.prompt - 1), call.prompt - 1
+            clock.now += clock.c.draft_cost(call.prompt - 1)
         t, s, _ = _run_call(call, length, regime, clock, evaluated=evaluated)
         tokens, seconds = tokens + t, seconds + s
     return tokens / seconds
@@ -443,7 +459,7 @@ def regimes(n_calls: int = 6, tokens: int = 96, prompt: int = 40, seed: int = 0)
     def calls(rates):
         return [Call(prompt, synthetic_agreement(tokens, r, rng)) for r in rates]
 
-    bursts = Costs(**{**HERE.__dict__, "bursts": ((20, 60, 1.6), (150, 200, 1.6))})
+    bursts = Costs(**{**HERE.__dict__, "bursts": ((0.8, 2.4, 1.6), (6.0, 8.0, 1.6))})
     # The draft's forwards slowed alone for the first 30 rounds (seen on the Zen 5 machine: in its
     # fast phases the memory-bound target speeds up and the draft does not): drafting is priced
     # while it loses, and must be tried again once the phase is over.
