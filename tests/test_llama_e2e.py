@@ -459,7 +459,7 @@ def test_sampled_evidence_and_priors_stay_in_their_regime(target, draft):
     assert s.learning.state.evidence(cfg(temperature=0.8).regime) is None  # greedy runs write greedy evidence only
     policy = s.learning.length(cfg())  # one policy for the pair, the regimes' acceptance apart in it
     assert policy is s.learning.length(cfg(temperature=0.8))
-    assert policy.acceptance("greedy") is not policy.acceptance(cfg(temperature=0.8).regime)
+    assert policy.regime("greedy") is not policy.regime(cfg(temperature=0.8).regime)
 
 
 def test_a_process_measures_its_draft_once_and_clock_blind_runs_store_nothing(target, poor_draft):
@@ -488,7 +488,7 @@ def test_a_process_measures_its_draft_once_and_clock_blind_runs_store_nothing(ta
     sampled = cfg(temperature=0.8, k="auto", drafter_invariant=False)
     assert not s.learning.length(sampled).worth_measuring(view)  # this process knows the draft now
     policy = SpeculativeLlama(target, poor_draft).learning.length(sampled)  # what a new process would find
-    assert policy.worth_measuring(view) and policy.acceptance(regime).total[1] > 0  # again, from the stored prior
+    assert policy.worth_measuring(view) and policy.regime(regime).total[1] > 0  # again, from the stored prior
     short = SlotView("greedy", 8, target_lag=400, draft_lag=400, remaining=6)
     assert not SpeculativeLlama(target, poor_draft).learning.length(cfg(k="auto")).worth_measuring(short)
 

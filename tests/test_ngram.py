@@ -104,14 +104,14 @@ def test_lookup_rounds_and_model_rounds_teach_their_own_policies():
     model_policy = Policy(8)
     lookup = LookupFirst(NgramDrafter(n_min=2), Policy(8, free_draft=True))
     model_policy.measured("greedy", 0.9, 32)  # make the model draft at first: it is wrong every time
-    model_acc0 = model_policy.acceptance("greedy").total[0]
+    model_acc0 = model_policy.regime("greedy").total[0]
     dec = specgguf.SpeculativeDecoder(model, target_step, k=model_policy, lookup=lookup, regime="greedy")
     out = dec.generate([1, 2], 120)
     assert out == [passage[i % 10] for i in range(120)]  # exact: greedy target decoding
-    look_acc, look_ver = lookup.length.acceptance("greedy").total
+    look_acc, look_ver = lookup.length.regime("greedy").total
     assert look_ver > 50 and look_acc == pytest.approx(look_ver)  # every lookup token was the passage's
     assert model_policy.regimes["greedy"].seen > 32  # the model drafted too ...
-    assert model_policy.acceptance("greedy").total[0] < 0.5 * model_acc0  # ... and was wrong every time
+    assert model_policy.regime("greedy").total[0] < 0.5 * model_acc0  # ... and was wrong every time
     assert lookup.length.costs.target.s and model_policy.costs.target.s  # both timed plain rounds
 
 

@@ -49,8 +49,11 @@ class Regime:
         self.verified = [v + f * x for v, x in zip(self.verified, verified)]
         self.total = [a + f * x for a, x in zip(self.total, total)]
 
-    def add_prior(self, rate: float, weight: Optional[float] = None) -> None:
-        """A measured acceptance ``rate``, worth ``weight`` (default ``prior``) observations at every position."""
+    def add_prior(self, rate: Optional[float], weight: Optional[float] = None) -> None:
+        """A measured acceptance ``rate`` (None: nothing), worth ``weight`` (default ``prior``) observations at every
+        position."""
+        if rate is None:
+            return
         if not 0.0 <= rate <= 1.0:
             raise ValueError(f"a measured acceptance must be in [0, 1], got {rate!r}")
         w, n = self.t.prior if weight is None else weight, len(self.verified)

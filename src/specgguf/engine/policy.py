@@ -6,11 +6,11 @@ target token until timed here); plain decoding is always a candidate. A regime n
 one sequence (or measured on its prompt: :meth:`Policy.worth_measuring`). Where the draft does not pay, the
 choice is made every ``recheck`` rounds (a lone sequence's once ``recheck`` in a row drafted nothing), and a
 lone sequence retries after ``retry`` plain rounds (twice as many after a retry that did not hold) if the draft
-would pay at its optimistic acceptance or at a doubted price, asking every ``recheck`` rounds. A draft's
-catch-up (a new prompt, or text it skipped) is paid once for the tokens a sequence is expected to emit yet, as
-long as recent answers ran (:meth:`Policy.left`); a long one is priced only once draft batches were timed
-(:meth:`Policy.batches_to_time`). Every number is in :class:`~specgguf.engine.tuning.Tuning`; nothing here
-touches models, files or the clock."""
+would pay at its optimistic acceptance or at a doubted price, asking every ``recheck`` rounds; drafting on a
+thin margin, it reads plain decoding again every ``reread`` rounds. A draft's catch-up (a new prompt, or text it
+skipped) is paid once for the tokens a sequence is expected to emit yet, as long as recent answers ran
+(:meth:`Policy.left`); a long one is priced only once draft batches were timed (:meth:`Policy.batches_to_time`).
+Every number is in :class:`~specgguf.engine.tuning.Tuning`; nothing here touches models, files or the clock."""
 
 from __future__ import annotations
 
@@ -42,12 +42,10 @@ class Policy:
         self.regimes: Dict[str, Regime] = {}
         self.answers: Deque[Tuple[int, bool]] = deque(maxlen=16)  # recent answers' lengths, and whether cut
         self.can_time = False  # its rounds time draft batches when asked (batches_to_time)
-        self.resting = 0  # rounds in a row it chose to draft nothing for
+        self.resting = self.drafting = 0  # rounds in a row it chose to draft nothing for, and to draft
 
     def regime(self, name: str) -> Regime:
         return self.regimes[name] if name in self.regimes else self.regimes.setdefault(name, Regime(self.k_max, self.t))
-
-    acceptance = regime  # what tests and the store read of it: the regime's counts
 
     def blind(self) -> "Policy":
         """A policy like this one, blind to the clock, knowing nothing yet (for a seeded p/q run)."""
@@ -56,10 +54,8 @@ class Policy:
     def begin(self, regime: str, prior: Optional[float] = None, record: Optional[dict] = None) -> None:
         """On ``regime``'s first use, what was known before (a measured ``prior``, a stored ``record``)."""
         if regime not in self.regimes:
-            r = self.regime(regime)
-            if prior is not None:
-                r.add_prior(prior)
-            r.add_record(record)
+            self.regime(regime).add_prior(prior)
+            self.regime(regime).add_record(record)
 
     def record(self, regime: str) -> Optional[dict]:
         """What this process learned of ``regime`` to store for later ones (None: nothing, or blind)."""
@@ -134,8 +130,12 @@ class Policy:
                     if not hope:  # its timings were doubted: this round's replace them
                         self.costs.draft.forget()
                     return best
-        best = self._best(views)[0]
+        best, gain = self._best(views)
+        thin = gain < self.t.reread_gain and self.clock and not self.costs.free
+        if len(views) == 1 and thin and self.drafting >= self.t.reread:
+            best = [0]  # drafting on a thin margin weighs plain decoding at its last price: read it again
         self.resting = 0 if any(best) else self.resting + any(v.cap > 0 for v in views)  # chosen, not forced
+        self.drafting = self.drafting + 1 if any(best) else 0
         return best
 
     def _best(self, views: Sequence[SlotView], hope=False, optimistic=False, doubt=False) -> tuple:
@@ -206,9 +206,8 @@ class Policy:
 
     def timed_draft(self, forwards: Sequence[tuple]) -> None:
         """Draft forwards run outside a round, ``[(tokens, seconds)]``."""
-        if self.clock:
-            for n, seconds in forwards:
-                self.costs.timed_draft(n, seconds)
+        for n, seconds in forwards if self.clock else ():
+            self.costs.timed_draft(n, seconds)
 
     def worth_measuring(self, v: SlotView, others: Sequence[SlotView] = ()) -> bool:
         """Whether to measure the draft on the prompt ``v`` reads beside ``others``: while its regime is not

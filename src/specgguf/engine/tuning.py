@@ -36,6 +36,8 @@ class Tuning:
     settle: int = 4            # readings of a count before its moves are the pace's (a first may be a warm-up)
     stale: int = 3             # processes a stored draft price serves that time no draft forward to renew it
     batch_timing: tuple = (1, 31)  # draft forwards timed (tokens) before a long catch-up is first priced
+    reread: int = 16           # rounds in a row drafting on a gain under reread_gain, then one plain round: priced
+    reread_gain: float = 1.3   # on early readings (a warm-up, a phase since), plain decoding looked dearer than it ran
     recheck: int = 4           # a batch that drafted nothing, a lone sequence once this many rounds in a
     # row did, and its retries (not a lookup's: cheap) ask again every this many rounds (a choice over 8
     # slots takes 0.8 ms of a 47 ms round, a lone one's 0.13 ms of 9 ms, a retry's 0.3: 1-3% where the
