@@ -27,8 +27,8 @@ timed after as much as its prompts hold (BENCHMARKS.md, "Real work").
 With --ablate, each of the policy's numbers (engine.policy.Tuning) set to
 the value that turns its feature off, or to a neighbour: the worst change,
 over the traces, of k=auto's speed against the best fixed K (the minimum
-over seeds, from a fresh state, a poisoned one, through the engine, one process a call, and in a
-fast phase of plain decoding). A number is kept only if some trace loses more than 0.01 without it.
+over seeds, from a fresh state, a poisoned one, through the engine, one process a call, and in the
+phases below). A number is kept only if some trace loses more than 0.01 without it.
 
 With --phases, each trace also in phases real runs showed that the recordings do not hold: plain
 decoding 25% faster from the third call (a fast phase speeds the memory-bound one-token forward, not
@@ -61,7 +61,7 @@ VARIANTS = {
     "unknown_left": dict(unknown_left=10 ** 6), "steady": dict(steady=1), "steady_high": dict(steady=9),
     "spike": dict(spike=1e9), "pace_share": dict(pace_share=0.0), "settle": dict(settle=1),
     "stale": dict(stale=10 ** 9), "stale_low": dict(stale=1),
-    "reread": dict(reread=10 ** 9), "reread_gain_low": dict(reread_gain=1.1),
+    "reread": dict(reread=10 ** 9), "reread_gain_low": dict(reread_gain=1.1), "plain_reads": dict(plain_reads=0),
 }
 
 # What real runs showed and the recorded traces do not (BENCHMARKS.md, "Real work"): plain decoding
@@ -77,11 +77,10 @@ def phased(trace, phase: str):
 
 def worst(traces, seeds, tuning):
     """Per trace: the minimum over seeds of k=auto / best fixed K, fresh, poisoned, in the engine,
-    one process a call, and fresh in a fast phase of plain decoding (PHASES)."""
+    one process a call, and fresh in each of PHASES."""
     hows = lambda t: (dict(), dict(poison=simulator.poor_record(t)), dict(engine=True), dict(processes=True))  # noqa
-    fast = next(iter(PHASES))
     return {t.name: [min(simulator.score(t, seeds, tuning=tuning, **how)["vs_oracle"]) for how in hows(t)]
-            + [min(simulator.score(phased(t, fast), seeds, tuning=tuning)["vs_oracle"])] for t in traces}
+            + [min(simulator.score(phased(t, p), seeds, tuning=tuning)["vs_oracle"]) for p in PHASES] for t in traces}
 
 
 def phases(traces, seeds) -> None:

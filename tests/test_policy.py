@@ -385,6 +385,30 @@ def test_drafting_on_a_thin_margin_reads_plain_decoding_again():
     assert sum(k > 0 for k in run(Tuning(reread=10 ** 9))[-200:]) > 150
 
 
+def test_a_retry_weighs_its_gain_over_plain_decodings_recent_median():
+    """A first decode after a prompt reads slow; priced on it, a retry at ``retry_gain`` paid a new
+    prompt's catch-up for a draft that could not pay (in the simulator, the fast-phase trace with
+    slow one-token forwards after each prompt: 0.907 of the best K, 0.942 so). The plain price
+    moves with the reading; a retry's bet is over the median of the last ``plain_reads`` rounds (the
+    pace, which every reading moves, moves it a little still)."""
+    v = SlotView("greedy", 8, remaining=1000)
+
+    def bets(tuning):
+        p = Policy(8, tuning=tuning)
+        p.measured("greedy", 0.9, 32)
+        p.timed_draft([(1, 0.008), (2, 0.012)])
+        for _ in range(15):
+            p.round_done([v], [0], Measured(1, 0.010, [], 1, 0.0))
+        p.round_done([v], [4], Measured(5, 0.016, [(2, 0.012, 1)] + [(1, 0.008, 1)] * 3, 5, 0.0))
+        before = p._best([v], doubt=True)[1]
+        p.round_done([v], [0], Measured(1, 0.014, [], 1, 0.0))  # the first decode after a prompt
+        assert p.costs.target(1) > 0.0102  # plain decoding is priced as read
+        return before, p._best([v], doubt=True)[1]
+
+    (before, median), (same, last) = bets(Tuning()), bets(Tuning(plain_reads=1))
+    assert before == pytest.approx(same) and last > 1.05 * median  # the bet is over plain's median, not its last
+
+
 def test_a_retry_prices_a_catch_up_at_the_fastest_the_draft_read_one():
     """The draft read a prompt fast, then slowed alone for a while: timed so, its catch-up (growing
     with each plain round) priced every retry out. A retry prices a catch-up at the fastest the draft

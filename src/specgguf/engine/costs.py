@@ -14,9 +14,11 @@ times its rounds and reports them as :class:`Measured`.
 
 from __future__ import annotations
 
+import statistics
 from bisect import bisect_right
+from collections import deque
 from dataclasses import dataclass, replace
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Deque, List, Optional, Sequence
 
 from .tuning import Tuning
 
@@ -217,6 +219,7 @@ class Costs:
         self.target.known = Timed(t.slope_guess, False, [1.0], t.spike, 0.0, t.settle)  # the target's, likewise
         self.settle, self.stale, self.stored_uses = t.settle, t.stale, 0
         self._passes: dict = {}  # count_passes' answers: a function of the counts alone
+        self.plain: Deque[float] = deque(maxlen=t.plain_reads)  # the last plain rounds' seconds
         self.add_record(record)
 
     def add_record(self, record: Optional[dict]) -> None:
@@ -248,6 +251,12 @@ class Costs:
             out.update(draft={str(n): r for n, r in self.stored.s.items()} if uses < self.stale else {}, uses=uses)
         return out
 
+    def plain_median(self) -> float:
+        """The median seconds of the last ``plain_reads`` plain rounds (inf: none), which a retry's gain
+        is over: a first decode after a prompt reads 5-8% slow, and priced on it, retries at 1.05 paid a
+        new prompt's catch-up for a draft that could not pay."""
+        return statistics.median(self.plain) if self.plain else float("inf")
+
     def longest_draft(self) -> int:
         """The longest draft forward priced on a timing (this process's, or a stored one's)."""
         return max([*self.draft.s, *self.stored.s], default=0)
@@ -265,6 +274,8 @@ class Costs:
         seconds = m.target_seconds + m.rest_seconds - (passes - 1) * self.target(1)
         if not prompt and m.target_tokens > 0 and (passes == 1 or self.target.s) and seconds > 0:
             self.target.observe(m.target_tokens, seconds)
+            if m.target_tokens == 1:
+                self.plain.append(seconds)
         for n, seconds, _ in m.draft_forwards:
             self.timed_draft(n, seconds)
 

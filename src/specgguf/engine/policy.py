@@ -1,16 +1,16 @@
 """``k="auto"``: how many tokens each sequence drafts next round, on every path.
 
-Each round drafts, per sequence, the K with the most expected tokens (:mod:`~specgguf.engine.acceptance`) per
-second the round costs here (:mod:`~specgguf.engine.costs`; the draft as an earlier process timed it against a
-target token until timed here); plain decoding is always a candidate. A regime nothing is known of is probed by
-one sequence (or measured on its prompt: :meth:`Policy.worth_measuring`). Where the draft does not pay, the
-choice is made every ``recheck`` rounds (a lone sequence's once ``recheck`` in a row drafted nothing), and a
-lone sequence retries after ``retry`` plain rounds (twice as many after a retry that did not hold) if the draft
-would pay at its optimistic acceptance or at a doubted price, asking every ``recheck`` rounds; drafting on a
-thin margin, it reads plain decoding again every ``reread`` rounds. A draft's catch-up (a new prompt, or text it
-skipped) is paid once for the tokens a sequence is expected to emit yet, as long as recent answers ran
-(:meth:`Policy.left`); a long one is priced only once draft batches were timed (:meth:`Policy.batches_to_time`).
-Every number is in :class:`~specgguf.engine.tuning.Tuning`; nothing here touches models, files or the clock."""
+Each round drafts, per sequence, the K with the most expected tokens (:mod:`~specgguf.engine.acceptance`) per second
+the round costs here (:mod:`~specgguf.engine.costs`; the draft as an earlier process timed it against a target token
+until timed here); plain decoding is always a candidate. A regime nothing is known of is probed by one sequence (or
+measured on its prompt: :meth:`Policy.worth_measuring`). Where the draft does not pay, the choice is made every
+``recheck`` rounds (a lone sequence's once ``recheck`` in a row drafted nothing), and a lone sequence retries after
+``retry`` plain rounds (twice as many after a retry that did not hold) if the draft would pay at its optimistic
+acceptance or at a doubted price, asking every ``recheck`` rounds; drafting on a thin margin, it reads plain decoding
+again every ``reread`` rounds. A draft's catch-up (a new prompt, or text it skipped) is paid once for the tokens a
+sequence is expected to emit yet, as long as recent answers ran (:meth:`Policy.left`); a long one is priced only once
+draft batches were timed (:meth:`Policy.batches_to_time`). Every number is in :class:`~specgguf.engine.tuning.Tuning`;
+nothing here touches models, files or the clock."""
 
 from __future__ import annotations
 
@@ -139,10 +139,10 @@ class Policy:
         return best
 
     def _best(self, views: Sequence[SlotView], hope=False, optimistic=False, doubt=False) -> tuple:
-        """The best common K, then each sequence's own in turn, scored as expected tokens minus
-        ``rate`` x seconds (``rate``: the best tokens/s of a steady round); and that rate over plain
-        decoding's. ``hope``: every position accepted at 0.99. One sequence of a regime not known
-        probes; the others of its regime wait for its verdict."""
+        """The best common K, then each sequence's own, scored as expected tokens minus ``rate`` x seconds
+        (``rate``: the best tokens/s of a steady round); and that rate over plain decoding's (a bet, ``optimistic``
+        or ``doubt``, over at most its recent median). ``hope``: every position accepted at 0.99. One sequence
+        of a regime not known probes; the others of its regime wait for its verdict."""
         first, capped, explore = set(), [], []
         for v in views:
             probe = not v.fixed and not self.regime(v.regime).known
@@ -185,7 +185,8 @@ class Policy:
             if not v.fixed and v.cap > 0:
                 held, seconds = total(best) - gains[i][best[i]], price.scan(best, i, v.cap)
                 best[i] = max(range(v.cap + 1), key=lambda k: held + gains[i][k] - rate * seconds[k])
-        return best, rate * self.costs.seconds(steady, commons[0]) / max(1e-9, total(commons[0]))
+        plain = min(self.costs.seconds(steady, commons[0]), self.costs.plain_median() if optimistic or doubt else 1e9)
+        return best, rate * plain / max(1e-9, total(commons[0]))
 
     def _guessed_catchup(self, v: SlotView) -> bool:
         """``v``'s catch-up is long (over 4x the ``batch_timing`` tokens: a chat prompt's is not, and is priced on the

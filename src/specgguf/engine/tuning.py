@@ -38,6 +38,7 @@ class Tuning:
     batch_timing: tuple = (1, 31)  # draft forwards timed (tokens) before a long catch-up is first priced
     reread: int = 16           # rounds in a row drafting on a gain under reread_gain, then one plain round: priced
     reread_gain: float = 1.3   # on early readings (a warm-up, a phase since), plain decoding looked dearer than it ran
+    plain_reads: int = 16      # a retry's gain is over the median of this many last plain rounds
     recheck: int = 4           # a batch that drafted nothing, a lone sequence once this many rounds in a
     # row did, and its retries (not a lookup's: cheap) ask again every this many rounds (a choice over 8
     # slots takes 0.8 ms of a 47 ms round, a lone one's 0.13 ms of 9 ms, a retry's 0.3: 1-3% where the
