@@ -62,6 +62,7 @@ VARIANTS = {
     "spike": dict(spike=1e9), "pace_share": dict(pace_share=0.0), "settle": dict(settle=1),
     "stale": dict(stale=10 ** 9), "stale_low": dict(stale=1),
     "reread": dict(reread=10 ** 9), "reread_gain_low": dict(reread_gain=1.1), "plain_reads": dict(plain_reads=0),
+    "retry_share": dict(retry_share=1e9),
 }
 
 # What real runs showed and the recorded traces do not (BENCHMARKS.md, "Real work"): plain decoding

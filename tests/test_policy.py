@@ -346,8 +346,9 @@ def test_drafting_priced_in_a_slow_phase_is_tried_again():
     """The draft's forwards slow for a while and the target's do not (this
     machine's phases): drafting is priced as losing and stops. Once the
     phase is over, a lone sequence that has waited retries with the draft
-    priced at most ``doubt`` of the target, and drafting resumes; with
-    retries off it stays plain for good."""
+    priced at most ``doubt`` of the target, and drafting resumes (a retry
+    in the phase cost 16 plain rounds: the next waits ``retry_max``);
+    with retries off it stays plain for good."""
     fast = dict(target=lambda b: 0.015 + 0.0012 * b, draft=lambda n: 0.002 + 0.004 * n)
     slow = dict(target=fast["target"], draft=lambda n: 3 * fast["draft"](n))
     assert best_k(0.95, fast) >= 4 and best_k(0.95, slow) == 0
@@ -357,7 +358,7 @@ def test_drafting_priced_in_a_slow_phase_is_tried_again():
         policy.measured("greedy", 0.95, 32)
         player = Player(policy, fast, np.random.default_rng(1))
         phase = player.play(0.95, 80, costs=slow)
-        return phase, player.play(0.95, 400)
+        return phase, player.play(0.95, 900)
 
     phase, after = run(True)
     assert sum(k > 0 for k in phase[20:]) <= 4  # priced as losing: stopped
@@ -446,6 +447,30 @@ def test_a_lone_sequence_past_its_wait_asks_to_retry_every_recheck_rounds(monkey
             p.round_done([view], [0], Measured(1, HERE["target"](1)))
         retries = sum(1 for kw in asks if kw.get("optimistic"))
         assert retries == len(range(Tuning.retry, Tuning.retry + 40, every)), (free, retries)
+
+
+def test_a_retry_that_did_not_hold_waits_till_plain_rounds_ran_a_multiple_of_its_cost():
+    """A retry pays the draft's catch-up on all it skipped (real chat here: 37 tokens, 106 ms where a
+    plain round took 9.5). Where no K paid, retries at doubling waits came once a chat request and cost
+    7-15% of it; one that did not hold now waits till the plain rounds since took 1 / ``retry_share`` times
+    what it cost past a plain round (at most ``retry_max``). A cheap one doubles its wait as before."""
+    view = SlotView("greedy", 8, remaining=1000)
+
+    def wait_after(retry: Measured) -> int:
+        p = Policy(8)
+        p.measured("greedy", 0.9, 32)
+        for _ in range(8):
+            p.round_done([view], [0], Measured(1, 0.010))
+        r = p.regime("greedy")
+        r.retried = 2  # as choose() starts a retry
+        p.round_done([view], [retry.target_tokens - 1], retry)
+        p.round_done([view], [0], Measured(1, 0.010))  # drafting did not hold
+        return r.wait
+
+    costly = Measured(3, 0.013, [(3, 0.012, 1), (1, 0.004, 1)], 3)
+    assert wait_after(costly) == pytest.approx((0.013 + 0.016 - 0.010) / Tuning.retry_share / 0.010, rel=0.01)
+    assert wait_after(Measured(9, 0.025, [(40, 0.106, 1)] + [(1, 0.007, 1)] * 7, 9)) == Tuning.retry_max
+    assert wait_after(Measured(2, 0.011, [(1, 0.002, 1)], 2)) == 2 * Tuning.retry
 
 
 def test_a_draft_known_only_from_a_record_is_asked_about_every_recheck_rounds(monkeypatch):

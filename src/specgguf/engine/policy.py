@@ -104,10 +104,10 @@ class Policy:
         if m is not None and self.clock:
             self.costs.observe(m, any(v.target_lag > 1 for v in views), self.costs.passes(views, ks))
         drafted = {v.regime for v, k in zip(views, ks) if k}
-        for name, r in self.regimes.items():  # the round after a retry tells whether drafting held
-            if r.retried == 1:
-                r.wait = self.t.retry if name in drafted else min(2 * r.wait, self.t.retry_max)
-            r.retried, r.idle = max(0, r.retried - 1), 0 if name in drafted else r.idle + 1
+        plain = self.costs.target(1)  # the round's seconds in plain rounds, past one
+        spent = (m.target_seconds + m.rest_seconds + sum(x[1] for x in m.draft_forwards)) / plain - 1 if m else 0.0
+        for name, r in self.regimes.items():
+            r.round_done(name in drafted, spent)
 
     def choose(self, views: Sequence[SlotView]) -> List[int]:
         """K for each sequence (see the module docstring)."""
