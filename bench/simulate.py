@@ -32,7 +32,8 @@ phases below). A number is kept only if some trace loses more than 0.01 without 
 
 With --phases, each trace also in phases real runs showed that the recordings do not hold: plain
 decoding 25% faster from the third call (a fast phase speeds the memory-bound one-token forward, not
-batches or the draft), and slow one-token forwards after each prompt (a warm-up).
+batches or the draft), slow one-token forwards after each prompt (a warm-up), and batches dearer as
+the context grows past the prompt (measured on Zen 4; a token's price hardly moves).
 
     .venv/bin/python bench/simulate.py [--seeds 3] [--engine | --phases | --workloads [--target-ms 15,22.4,...]]
     .venv/bin/python bench/simulate.py --ablate decay,guard   (about a minute a variant)
@@ -67,9 +68,11 @@ VARIANTS = {
 
 # What real runs showed and the recorded traces do not (BENCHMARKS.md, "Real work"): plain decoding
 # faster from the third call on (the memory-bound target's one-token forwards in a fast phase; its
-# batches and the draft unchanged), and one-token forwards slow for the first 8 after each prompt.
+# batches and the draft unchanged), one-token forwards slow for the first 8 after each prompt, and
+# batches growing dearer with the context (simulator.Costs.context).
 PHASES = {"plain 25% faster from the third call": dict(one_token=((2, 10 ** 9, 0.75),)),
-          "8 slow one-token forwards after each prompt": dict(warm_up=(8, 1.08))}
+          "8 slow one-token forwards after each prompt": dict(warm_up=(8, 1.08)),
+          "batches dearer with the context": dict(context=1.0)}
 
 
 def phased(trace, phase: str):

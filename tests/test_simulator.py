@@ -26,13 +26,17 @@ def test_plain_decoding_costs_the_prompt_then_one_target_forward_per_token():
 
 def test_phases_price_the_target_s_one_token_forwards_and_spells_last_a_time():
     """A one-token phase from the second call, a warm-up after each prompt, and a busy spell
-    over the first 0.1 s (it slows the first prompt's round, which ends past it), by hand."""
+    over the first 0.1 s (it slows the first prompt's round, which ends past it), by hand; a
+    batch's growth with the context past the prompt."""
     c = replace(QUIET, one_token=((1, 9, 0.5),), warm_up=(2, 2.0), bursts=((0.0, 0.1, 3.0),))
     trace = Trace("phases", c, [Call(prompt=6, agree=[True] * 5)] * 2)
     one, prompt = QUIET.target_cost(1), QUIET.target_cost(6)
     first = 3 * prompt + 2 * (one * 2.0) + 2 * one
     second = prompt + 2 * (0.5 * one * 2.0) + 2 * (0.5 * one)
     assert simulator.replay(trace, 0) == pytest.approx(10 / (first + second))
+    clock = simulator._Clock(replace(QUIET, context=1.0), np.random.default_rng(0))  # a batch grows with context
+    assert clock.target(8, 1.0, 100) == pytest.approx(QUIET.target_cost(8) + 100 * 0.002 * QUIET.target[0])
+    assert clock.target(1, 1.0, 100) == QUIET.target_cost(1)  # a token does not
 
 
 def test_a_fixed_k_round_accepts_the_run_of_agreements_and_pays_its_catch_up():

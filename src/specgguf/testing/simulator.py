@@ -71,6 +71,10 @@ class Costs:
     # in which the memory-bound decode speeds up and batches do not), and (forwards, factor) after each prompt
     one_token: Sequence[tuple] = ()
     warm_up: tuple = (0, 1.0)
+    # A batch's price grows with the context before it, a token's hardly (Zen 4, F32, 2 / 8 tokens after 80 and
+    # 600 tokens: +9 / +22 ms of a 21.6 ms token): per token past the prompt, a b-token forward (b > 1) grows by
+    # context x (0.0008 + 0.0002 (b - 2)) one-token forwards (1: as measured; 0: as the recordings price it)
+    context: float = 0.0
 
     def target_cost(self, b: int) -> float:
         t = self.target
@@ -163,10 +167,11 @@ class _Clock:
     def new_call(self) -> None:
         self.call, self.ones = self.call + 1, 0
 
-    def target(self, b: int, f: float) -> float:
-        """The target's forward over ``b`` tokens at the round's factor ``f`` (and a one-token
-        forward's phase and warm-up)."""
-        s = self.c.target_cost(b) * f
+    def target(self, b: int, f: float, past: int = 0) -> float:
+        """The target's forward over ``b`` tokens at the round's factor ``f``, ``past`` tokens after
+        the prompt (and a one-token forward's phase and warm-up)."""
+        grown = self.c.context * past * (0.0008 + 0.0002 * (b - 2)) * self.c.target[0] if 1 < b <= 64 else 0.0
+        s = (self.c.target_cost(b) + grown) * f
         if b == 1:
             self.ones += 1
             s *= self.c.warm_up[1] if self.ones <= self.c.warm_up[0] else 1.0
@@ -200,7 +205,7 @@ def _round(call: Call, pos: int, view: SlotView, k: int, clock: _Clock) -> tuple
     forwards = [(lag, c.draft_cost(lag) * f * fd, 1)] + [(1, c.draft_cost(1) * f * fd, 1)] * (k - 1) if k else []
     checked = 0 if not k or lag <= 2 else max(0, min(CHECK_ROWS, lag - 1, pos))  # as SlotDrafter's read-back
     catchup = (float(sum(call.agree[pos - checked:pos])), checked) if checked else None
-    m = Measured(view.target_lag + k, clock.target(view.target_lag + k, f), forwards, k + 1, c.other * f)
+    m = Measured(view.target_lag + k, clock.target(view.target_lag + k, f, pos), forwards, k + 1, c.other * f)
     return _accepted(call, pos, k), m, catchup
 
 
@@ -235,7 +240,7 @@ def _run_call(call: Call, length: DraftLength, regime: str, clock: _Clock, evalu
         else:
             f = clock.next_round()[0]
             accepted, catchup = lookup.lookup.accepted(kk), None
-            m = Measured(view.target_lag + kk, clock.target(view.target_lag + kk, f), [], kk + 1,
+            m = Measured(view.target_lag + kk, clock.target(view.target_lag + kk, f, pos), [], kk + 1,
                          clock.c.other * f)
             looked += accepted
         spent = m.target_seconds + m.rest_seconds + sum(x[1] for x in m.draft_forwards)
