@@ -1,5 +1,4 @@
-"""Open chat where the draft barely pays: k=0 and k="auto" on the same prompt back to back, in one process,
-and what auto's policy priced against what its rounds took.
+"""Open chat, k=0 and k="auto" back to back in one process, and what auto priced against what its rounds took.
 
 Each chat prompt runs with k=0 and with k="auto" one right after the other (the order alternating), so
 both meet the same phase of the machine (this Zen 4 flips between plain decoding at 70-85 and 100-111
