@@ -104,7 +104,7 @@ class Regime:
         self.seen += verified
         if self.promised[2] >= 3 and self.promised[0] < self.t.guard * self.promised[1]:
             self.forget(self.t.forget)
-            self.promised, self.spent = [0.0, 0.0, 0.0], 0.0
+            self.promised = [0.0, 0.0, 0.0]
 
     def read_back(self, accepted: float, positions: int) -> None:
         """The draft's read-back of ``positions`` tokens it caught up on (``accepted``: their acceptances)."""
