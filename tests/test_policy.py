@@ -433,7 +433,7 @@ def test_a_lone_sequence_past_its_wait_asks_to_retry_every_recheck_rounds(monkey
     """Past ``retry`` plain rounds a lone sequence asks whether a retry would pay every ``recheck``
     rounds, not every round: each ask prices every K twice more (0.3 ms of a 15-20 ms plain round
     here, where a draft that does not pay left auto 3% behind k=0). A lookup, whose asks cost
-    little, asks every round."""
+    little, asks every round. An ask neither of whose bets pays makes no usual choice besides."""
     for free, every in ((False, Tuning.recheck), (True, 1)):
         p = Policy(8, free_draft=free)
         _timed(p, HERE["target"], lambda n: 2 * HERE["target"](n))  # a draft dearer than the target
@@ -443,8 +443,11 @@ def test_a_lone_sequence_past_its_wait_asks_to_retry_every_recheck_rounds(monkey
         monkeypatch.setattr(p, "_best", lambda views, **kw: (asks.append(kw), real(views, **kw))[1])
         view = SlotView("greedy", 8, remaining=1000)
         for _ in range(Tuning.retry + 40):
+            before = len(asks)
             assert p.choose([view]) == [0]
             p.round_done([view], [0], Measured(1, HERE["target"](1)))
+            if not free and any(kw.get("optimistic") for kw in asks[before:]):
+                assert len(asks) - before == 2, asks[before:]  # both bets, and no usual choice
         retries = sum(1 for kw in asks if kw.get("optimistic"))
         assert retries == len(range(Tuning.retry, Tuning.retry + 40, every)), (free, retries)
 

@@ -5,12 +5,12 @@ the round costs here (:mod:`~specgguf.engine.costs`; the draft as an earlier pro
 until timed here); plain decoding is always a candidate. A regime nothing is known of is probed by one sequence (or
 measured on its prompt: :meth:`Policy.worth_measuring`). Where the draft does not pay, the choice is made every
 ``recheck`` rounds (a lone sequence's once ``recheck`` in a row drafted nothing), and a lone sequence retries after
-``retry`` plain rounds (twice as many after a retry that did not hold) if the draft would pay at its optimistic
-acceptance or at a doubted price, asking every ``recheck`` rounds; drafting on a thin margin, it reads plain decoding
-again every ``reread`` rounds. A draft's catch-up (a new prompt, or text it skipped) is paid once for the tokens a
-sequence is expected to emit yet, as long as recent answers ran (:meth:`Policy.left`); a long one is priced only once
-draft batches were timed (:meth:`Policy.batches_to_time`). Every number is in :class:`~specgguf.engine.tuning.Tuning`;
-nothing here touches models, files or the clock."""
+``retry`` plain rounds (longer after a retry that did not hold) if the draft would pay at its optimistic acceptance
+or at a doubted price, asking every ``recheck`` rounds; drafting on a thin margin, it reads plain decoding again every
+``reread`` rounds. A draft's catch-up (a new prompt, or text it skipped) is paid once for the tokens a sequence is
+expected to emit yet, as long as recent answers ran (:meth:`Policy.left`); a long one is priced only once draft
+batches were timed (:meth:`Policy.batches_to_time`). Numbers: :class:`~specgguf.engine.tuning.Tuning`; no models,
+files or clock here."""
 
 from __future__ import annotations
 
@@ -27,11 +27,10 @@ __all__ = ["Policy", "Regime", "SlotView", "Tuning", "expected_tokens"]
 
 
 class Policy:
-    """K per sequence each round, up to ``k_max``; ``passes``, ``free_draft`` as
-    :class:`~specgguf.engine.costs.Costs`, ``costs`` its stored record; ``clock`` False (a seeded
-    p/q run, whose text the clock must not change) prices every round at the guesses and times nothing."""
+    """K per sequence each round, up to ``k_max``; ``passes``, ``free_draft`` as in :class:`.costs.Costs`;
+    ``costs``: its stored record; ``clock`` False (a seeded p/q run) prices rounds at the guesses and times nothing."""
 
-    fixed = False  # what a view of its sequence tells a policy (a fixed K: :class:`~specgguf.engine.draft_length.FixedK`)
+    fixed = False  # what a view of its sequence tells a policy (a fixed K: :class:`.draft_length.FixedK`)
 
     def __init__(self, k_max: int = AUTO_K_MAX, passes: Optional[Callable] = None, free_draft: bool = False,
                  clock: bool = True, tuning: Tuning = Tuning(), costs: Optional[dict] = None) -> None:
@@ -114,15 +113,11 @@ class Policy:
         r = [self.regime(v.regime) for v in views][0]  # every regime seen from its first round
         due = len(views) == 1 and not views[0].fixed and views[0].cap > 0 and r.idle >= r.wait  # a retry
         retry = due and (self.costs.free or (r.idle - r.wait) % self.t.recheck == 0) and self.clock
-        # The model's choice costs 0.1-0.8 ms a round: idle, it is made every `recheck` rounds, a lone
-        # sequence's once `recheck` in a row drafted nothing (a plain round after a miss is often one),
-        # wherever anything is known of the draft (a record: a CLI call that need not measure it).
+        # The model's choice costs 0.1-0.8 ms a round: idle, it is made every `recheck` rounds (a lone sequence's
+        # once `recheck` in a row drafted nothing: a plain round after a miss is often one) once the draft is known.
         rest = (not self.costs.free and self.resting % self.t.recheck and all(self.regime(v.regime).total[1] > 0
                 for v in views) and (len(views) > 1 or (self.resting > self.t.recheck and not retry)))
-        if (self.clock and not self.costs.target.s) or rest:
-            self.resting += bool(rest)
-            return [v.cap if v.fixed else 0 for v in views]
-        if retry:
+        if retry and self.costs.target.s:
             for hope in (True, False):  # the draft may accept more now, or cost less than when timed
                 best, gain = self._best(views, optimistic=hope, doubt=not hope)
                 if best[0] and gain >= self.t.retry_gain:
@@ -130,6 +125,10 @@ class Policy:
                     if not hope:  # its timings were doubted: this round's replace them
                         self.costs.draft.forget()
                     return best
+            rest = not self.costs.free  # neither bet pays, nor would the usual choice (a lookup's, every round, may)
+        if (self.clock and not self.costs.target.s) or rest:
+            self.resting += bool(rest)
+            return [v.cap if v.fixed else 0 for v in views]
         best, gain = self._best(views)
         thin = gain < self.t.reread_gain and self.clock and not self.costs.free
         if len(views) == 1 and thin and self.drafting >= self.t.reread:
@@ -211,10 +210,10 @@ class Policy:
             self.costs.timed_draft(n, seconds)
 
     def worth_measuring(self, v: SlotView, others: Sequence[SlotView] = ()) -> bool:
-        """Whether to measure the draft on the prompt ``v`` reads beside ``others``: while its regime is not
-        known, if drafting would pay in that batch were the draft good (where a record and a price say more,
-        by ``retry_gain`` at its optimistic rate, as a retry: a CLI call paid 4-5% to re-learn a poor draft);
-        beside others once rounds were timed (guessed, 4-8 slots paid 0.25 s for a draft that cannot pay)."""
+        """Whether to measure the draft on the prompt ``v`` reads beside ``others``: while its regime is not known, if
+        drafting would pay in that batch were the draft good (given a record and a price, by ``retry_gain`` at its
+        optimistic rate, as a retry: a CLI call paid 4-5% to re-learn a poor draft); beside others once rounds were
+        timed (guessed, 4-8 slots paid 0.25 s for a draft that cannot pay)."""
         caps = [min(self.k_max, (w.remaining or self.t.unknown_left) - 1) for w in [v, *others]]
         if (self.regime(v.regime).known or caps[0] <= 0 or self._guessed_catchup(v)  # a long catch-up at a
                 or (others and not self.costs.target.s)):  # guessed price (a probe decides), or a batch's untimed
