@@ -69,10 +69,11 @@ VARIANTS = {
 # What real runs showed and the recorded traces do not (BENCHMARKS.md, "Real work"): plain decoding
 # faster from the third call on (the memory-bound target's one-token forwards in a fast phase; its
 # batches and the draft unchanged), one-token forwards slow for the first 8 after each prompt, and
-# batches growing dearer with the context (simulator.Costs.context).
+# batches growing dearer with the context (simulator.Costs.context); and the other way, a slow phase first.
 PHASES = {"plain 25% faster from the third call": dict(one_token=((2, 10 ** 9, 0.75),)),
           "8 slow one-token forwards after each prompt": dict(warm_up=(8, 1.08)),
-          "batches dearer with the context": dict(context=1.0)}
+          "batches dearer with the context": dict(context=1.0),
+          "plain 40% slower in the first three calls": dict(one_token=((0, 2, 1.4),))}
 
 
 def phased(trace, phase: str):

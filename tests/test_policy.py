@@ -455,24 +455,31 @@ def test_a_lone_sequence_past_its_wait_asks_to_retry_every_recheck_rounds(monkey
 def test_a_retry_that_did_not_hold_waits_till_plain_rounds_ran_a_multiple_of_its_cost():
     """A retry pays the draft's catch-up on all it skipped (real chat here: 37 tokens, 106 ms where a
     plain round took 9.5). Where no K paid, retries at doubling waits came once a chat request and cost
-    7-15% of it; one that did not hold now waits till the plain rounds since took 1 / ``retry_share`` times
-    what it cost past a plain round (at most ``retry_max``). A cheap one doubles its wait as before."""
+    7-15% of it; one that did not hold now waits till what it cost past a plain round is ``retry_share`` of
+    what the plain rounds since would have won at the gain it bet on (at most ``retry_max``): a bet on a large
+    gain waits less (a draft slow while warming up on Zen 5, where plain decoding was slow too, failed its
+    retry and waited 225 rounds at 0.88x the best K). A cheap one doubles its wait as before."""
     view = SlotView("greedy", 8, remaining=1000)
 
-    def wait_after(retry: Measured) -> int:
+    def wait_after(retry: Measured, bet: float = Tuning.retry_gain) -> int:
         p = Policy(8)
         p.measured("greedy", 0.9, 32)
         for _ in range(8):
             p.round_done([view], [0], Measured(1, 0.010))
         r = p.regime("greedy")
-        r.retried = 2  # as choose() starts a retry
+        r.retried, r.bet = 2, bet  # as choose() starts a retry
         p.round_done([view], [retry.target_tokens - 1], retry)
         p.round_done([view], [0], Measured(1, 0.010))  # drafting did not hold
         return r.wait
 
     costly = Measured(3, 0.013, [(3, 0.012, 1), (1, 0.004, 1)], 3)
-    assert wait_after(costly) == pytest.approx((0.013 + 0.016 - 0.010) / Tuning.retry_share / 0.010, rel=0.01)
-    assert wait_after(Measured(9, 0.025, [(40, 0.106, 1)] + [(1, 0.007, 1)] * 7, 9)) == Tuning.retry_max
+    spent = (0.013 + 0.016 - 0.010) / 0.010  # plain rounds past one
+    assert wait_after(costly) == pytest.approx(spent / Tuning.retry_share / (Tuning.retry_gain - 1), rel=0.01)
+    chat = Measured(9, 0.025, [(40, 0.106, 1)] + [(1, 0.007, 1)] * 7, 9)
+    assert wait_after(chat) == Tuning.retry_max
+    spent = (0.025 + 0.106 + 0.049 - 0.010) / 0.010
+    assert wait_after(chat, 1.6) == pytest.approx(spent / Tuning.retry_share / 0.6, rel=0.01)
+    assert wait_after(chat, 1.6) < Tuning.retry_max
     assert wait_after(Measured(2, 0.011, [(1, 0.002, 1)], 2)) == 2 * Tuning.retry
 
 

@@ -32,23 +32,25 @@ class Regime:
     after a rejection, as drafts miss in runs), ``total`` = (accepted,
     verified) overall, a prior counted once; ``seen``: positions verified in
     this process (a prior is no verdict); ``idle``: plain rounds in a row;
-    ``wait``: plain rounds before a retry; ``retried``: 2 as one starts; ``spent``: what the last cost;
+    ``wait``: plain rounds before a retry; ``retried``: 2 as one starts; ``spent``: what the last cost; ``bet``: the gain it bet on;
     ``promised``: recent drafting rounds' tokens, the estimate's promise, rounds."""
 
     def __init__(self, k_max: int, t: Tuning = Tuning()) -> None:
         self.t, self.accepted, self.verified = t, [0.0] * (k_max + 1), [0.0] * (k_max + 1)
         self.total, self.seen, self.idle, self.wait, self.retried = [0.0, 0.0], 0.0, 0, t.retry, 0
-        self.promised, self.spent = [0.0, 0.0, 0.0], 0.0
+        self.promised, self.spent, self.bet = [0.0, 0.0, 0.0], 0.0, t.retry_gain
 
     def round_done(self, drafted: bool, spent: float) -> None:
         """A round ended (``drafted``: this regime drafted in it; ``spent``: its time past a plain round's, in
         plain rounds). The round after a retry tells whether drafting held: one that did not waits twice as
-        long, or till plain rounds ran 1 / ``retry_share`` times what it cost if longer, up to ``retry_max``
-        (real chat: a 37-token catch-up took 106 ms where a plain round took 9.5; at waits of 16, 32, 64 ...
-        a retry came in each of a process's first requests where no K paid, and cost 7-15% of it)."""
+        long, or, if longer, till what it cost is ``retry_share`` of what the plain rounds since would have won at
+        the gain it bet on (up to ``retry_max``). Real chat: a 37-token catch-up took 106 ms where a plain round
+        took 9.5, and at waits of 16, 32, 64 ... a retry came in each of a process's first requests where no K
+        paid, costing 7-15% of it; a bet on a large gain waits less, as waiting loses more if it was right."""
         self.spent = spent if self.retried == 2 else self.spent
         if self.retried == 1:
-            self.wait = self.t.retry if drafted else min(max(2 * self.wait, round(self.spent / self.t.retry_share)),
+            share = self.t.retry_share * max(0.01, self.bet - 1.0)
+            self.wait = self.t.retry if drafted else min(max(2 * self.wait, round(self.spent / share)),
                                                          self.t.retry_max)
         self.retried, self.idle = max(0, self.retried - 1), 0 if drafted else self.idle + 1
 

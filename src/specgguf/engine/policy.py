@@ -121,7 +121,7 @@ class Policy:
             for hope in (True, False):  # the draft may accept more now, or cost less than when timed
                 best, gain = self._best(views, optimistic=hope, doubt=not hope)
                 if best[0] and gain >= self.t.retry_gain:
-                    r.retried = 2
+                    r.retried, r.bet = 2, gain
                     if not hope:  # its timings were doubted: this round's replace them
                         self.costs.draft.forget()
                     return best

@@ -25,7 +25,7 @@ class Tuning:
     odds: float = 0.2          # the chance a probe or a retry finds the draft good: its catch-up weighs 1/odds
     retry: int = 16            # plain rounds in a row before a lone sequence retries, doubled after
     retry_max: int = 256       # a retry that did not hold, up to this (a draft as slow as the target); if longer,
-    retry_share: float = 0.02  # till the plain rounds since took 1 / this times what it cost past a plain round
+    retry_share: float = 0.2   # till its cost past a plain round is this of the plain rounds' loss at its bet
     retry_gain: float = 1.05   # a retry's predicted gain over plain decoding must reach this
     doubt: float = 0.5         # a retry may price the draft at this of the target (timed in a slow phase?)
     draft_guess: float = 0.1   # a draft forward, of a target token, before one is timed (hopeful)
