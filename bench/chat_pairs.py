@@ -62,6 +62,15 @@ class RoundLog:
         p = policy_module.Policy
         p.choose, p.observe, p.round_done = self.originals
 
+    def brief(self, start: int) -> str:
+        """The rounds logged since ``start``: how many drafted, and plain decoding's price meanwhile."""
+        rows = [r for r in self.rows[start:] if "seconds" in r and not r["prompt"]]
+        drafted = [r for r in rows if r["k"]]
+        if not drafted:
+            return ""
+        return (f"; auto drafted in {len(drafted)} of {len(rows)} rounds, plain priced at "
+                f"{1e3 * statistics.median(r['plain'] for r in drafted):.1f} ms meanwhile")
+
     def report(self) -> str:
         rows = [r for r in self.rows if "seconds" in r and not r["prompt"]]
         plain = [r["seconds"] for r in rows if not r["k"]]
@@ -114,14 +123,15 @@ def main() -> None:
     ratios, plain = [], []
     try:
         for i in range(args.reps * 6):
-            prompt = PROMPTS[i % 6]
+            prompt, start = PROMPTS[i % 6], len(log.rows)
             if i % 2:
                 b, a = rate(prompt, other), rate(prompt, 0)
             else:
                 a, b = rate(prompt, 0), rate(prompt, other)
             ratios.append(b / a)
             plain.append(a)
-            print(f"  pair {i + 1}/{args.reps * 6}: k=0 {a:.1f} tok/s, {other} {b:.1f} ({b / a:.3f})", flush=True)
+            print(f"  pair {i + 1}/{args.reps * 6}: k=0 {a:.1f} tok/s, {other} {b:.1f} ({b / a:.3f}){log.brief(start)}",
+                  flush=True)
     finally:
         log.close()
     print(f"# the default pair, {args.threads} threads, greedy chat of 128 tokens, one process, lookup off: k=0 at "

@@ -33,7 +33,10 @@ phases below). A number is kept only if some trace loses more than 0.01 without 
 With --phases, each trace also in phases real runs showed that the recordings do not hold: plain
 decoding 25% faster from the third call (a fast phase speeds the memory-bound one-token forward, not
 batches or the draft), slow one-token forwards after each prompt (a warm-up), and batches dearer as
-the context grows past the prompt (measured on Zen 4; a token's price hardly moves).
+the context grows past the prompt (measured on Zen 4; a token's price hardly moves), and plain
+decoding 40% slower in the first three calls (this Zen 4 flips from its slow phase to its fast one
+inside a process). Besides k=auto / the best fixed K it prints k=auto / each call's own best K: after
+a flip the best K changes, and a policy that keeps drafting loses to that, not to one K for the trace.
 
     .venv/bin/python bench/simulate.py [--seeds 3] [--engine | --phases | --workloads [--target-ms 15,22.4,...]]
     .venv/bin/python bench/simulate.py --ablate decay,guard   (about a minute a variant)
@@ -90,14 +93,16 @@ def worst(traces, seeds, tuning):
 
 def phases(traces, seeds) -> None:
     """Each trace as recorded and in each of PHASES: k=auto / the best fixed K, in one process and one
-    process a call."""
+    process a call, and in one process / each call's own best fixed K (simulator.oracle_per_call)."""
     print("| trace | as recorded | " + " | ".join(PHASES) + " |")
     print("|---|---|" + "---|" * len(PHASES))
     for t in traces:
         cells = []
         for trace in [t] + [phased(t, p) for p in PHASES]:
             got = [statistics.median(simulator.score(trace, seeds, processes=p)["vs_oracle"]) for p in (False, True)]
-            cells.append("%.3f / %.3f" % tuple(got))
+            got.append(statistics.median(simulator.replay(trace, "auto", s) / simulator.oracle_per_call(trace, s)
+                                         for s in seeds))
+            cells.append("%.3f / %.3f / %.3f" % tuple(got))
         print(f"| {t.name} | " + " | ".join(cells) + " |", flush=True)
 
 
@@ -144,7 +149,8 @@ def main() -> None:
     ap.add_argument("--prompt-ms", type=float, help="with --workloads: a prompt token's ms")
     ap.add_argument("--ablate", metavar="NAMES", help=f"comma-separated, or 'all': {', '.join(VARIANTS)}")
     ap.add_argument("--phases", action="store_true", help="each trace also in phases real runs showed: "
-                                                           "k=auto / oracle, in one process / one a call")
+                                                           "k=auto / oracle, in one process / one a call, "
+                                                           "and / each call's best K")
     args = ap.parse_args()
     traces = simulator.regimes() + [simulator.load_trace(p) for p in sorted(DATA.glob("trace_*.json"))]
     seeds = range(args.seeds)

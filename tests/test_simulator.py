@@ -39,6 +39,22 @@ def test_phases_price_the_target_s_one_token_forwards_and_spells_last_a_time():
     assert clock.target(1, 1.0, 100) == QUIET.target_cost(1)  # a token does not
 
 
+def test_each_calls_best_k_is_the_least_time_of_any_k_call_by_call():
+    """The best fixed K per call in hindsight, by hand: a draft that always agrees pays in the calls
+    where plain decoding is slow, not after (this Zen 4's slow phase, then its fast one)."""
+    c = replace(QUIET, draft=[0.04] * 9, one_token=((0, 0, 3.0),))  # a draft dearer than a token, then
+    trace = Trace("flip", c, [Call(prompt=6, agree=[True] * 17)] * 2)
+    per_k = []
+    for k in range(9):
+        calls: list = []
+        simulator.replay(trace, k, calls=calls)
+        per_k.append([s for _, s, _ in calls])
+    assert min(range(9), key=lambda k: per_k[k][0]) > 0 and min(range(9), key=lambda k: per_k[k][1]) == 0
+    want = 34 / (min(s[0] for s in per_k) + min(s[1] for s in per_k))
+    assert simulator.oracle_per_call(trace) == pytest.approx(want)
+    assert want > simulator.oracle(trace)[1]
+
+
 def test_a_fixed_k_round_accepts_the_run_of_agreements_and_pays_its_catch_up():
     """K = 2 over agree = [T, T, F, T, ...]: the rounds and the draft's lag by hand."""
     agree = [True, True, False, True, True, True, True]

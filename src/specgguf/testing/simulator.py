@@ -416,6 +416,20 @@ def oracle(trace: Trace, seed: int = 0, ks: Sequence[int] = tuple(range(AUTO_K_M
     return best, rates[best]
 
 
+def oracle_per_call(trace: Trace, seed: int = 0, ks: Sequence[int] = tuple(range(AUTO_K_MAX + 1))) -> float:
+    """Tokens per second with each call at its own best fixed K in hindsight, on the same noise: where a
+    phase changes between calls, so does the best K (plain decoding 40% slower in the first calls: K = 8
+    pays there, K = 0 after), and a policy that keeps drafting after the change loses to it, not to
+    :func:`oracle`, which one K over the trace matches as badly."""
+    per_k = []
+    for k in ks:
+        calls: list = []
+        replay(trace, k, seed, calls=calls)
+        per_k.append(calls)
+    tokens = sum(t for t, _, _ in per_k[0])
+    return tokens / sum(min(calls[i][1] for calls in per_k) for i in range(len(trace.calls)))
+
+
 def score(trace: Trace, seeds: Sequence[int] = (0, 1, 2), poison=None, engine: bool = False,
           tuning: Tuning = Tuning(), processes: bool = False) -> dict:
     """``k="auto"`` against the best fixed K and plain decoding, per seed:
