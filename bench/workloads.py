@@ -262,6 +262,18 @@ def report(rows: list, a: argparse.Namespace) -> None:
         for w in a.workload:
             rate = {m: tok_s(rows, w, m, decode=True) for m in a.modes}
             print(f"| {w} | " + " | ".join(cell(rate, m) for m in a.modes) + " |")
+        # Whole-request speeds compare like with like only where the answers are as long: llama-server's
+        # texts need not be specgguf's, and a request's prompt weighs more in a shorter answer.
+        print("\n# the prompt's evaluation (timings.prompt_ms; a cached prefix is not read again), median ms; "
+              "completion tokens, median")
+        print("| workload | " + " | ".join(a.modes) + " |")
+        print("|---|" + "---|" * len(a.modes))
+        for w in a.workload:
+            mine = [[r for r in rows if r["workload"] == w and r["mode"] == m and "tokens" in r] for m in a.modes]
+            ms = [[1e3 * r["prompt_seconds"] for r in x if r.get("prompt_seconds") is not None] for x in mine]
+            print(f"| {w} | " + " | ".join((f"{statistics.median(p):.0f} ms" if p else "-") +
+                                           f", {statistics.median(r['tokens'] for r in x):.0f}"
+                                           for p, x in zip(ms, mine)) + " |")
 
 
 if __name__ == "__main__":
