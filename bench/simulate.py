@@ -66,7 +66,8 @@ VARIANTS = {
     "spike": dict(spike=1e9), "pace_share": dict(pace_share=0.0), "settle": dict(settle=1),
     "stale": dict(stale=10 ** 9), "stale_low": dict(stale=1),
     "reread": dict(reread=10 ** 9), "reread_gain_low": dict(reread_gain=1.1), "plain_reads": dict(plain_reads=0),
-    "retry_share": dict(retry_share=1e9),
+    "retry_share": dict(retry_share=1e9), "reread_any": dict(reread_any=10 ** 9),
+    "reread_again": dict(reread_again=0.0),
 }
 
 # What real runs showed and the recorded traces do not (BENCHMARKS.md, "Real work"): plain decoding
@@ -83,12 +84,30 @@ def phased(trace, phase: str):
     return replace(trace, costs=replace(trace.costs, **PHASES[phase]), name=f"{trace.name}, {phase}")
 
 
+def long_flip(seeds, tuning=Tuning()) -> list:
+    """A server's long process through a phase flip: the Zen 4 fast-phase trace's calls four times over, plain
+    decoding 80% slower in the first six (as slow as this Zen 4's slow phase); per seed, k=auto / each call's best
+    fixed K, and k=auto / plain decoding over the last twelve calls (real chat there read 0.90-1.01)."""
+    t = simulator.load_trace(DATA / "trace_zen4_fast_good_draft.json")
+    t = replace(t, calls=t.calls * 4, costs=replace(t.costs, one_token=((0, 5, 1.8),)), name="a long process")
+    out = []
+    for s in seeds:
+        auto, plain = [], []
+        whole = simulator.replay(t, "auto", s, tuning=tuning, calls=auto)
+        simulator.replay(t, 0, s, calls=plain)
+        rate = lambda calls: sum(c[0] for c in calls[12:]) / sum(c[1] for c in calls[12:])  # noqa: E731
+        out.append((whole / simulator.oracle_per_call(t, s), rate(auto) / rate(plain)))
+    return out
+
+
 def worst(traces, seeds, tuning):
     """Per trace: the minimum over seeds of k=auto / best fixed K, fresh, poisoned, in the engine,
-    one process a call, and fresh in each of PHASES."""
+    one process a call, and fresh in each of PHASES; and a long process through a phase flip (long_flip)."""
     hows = lambda t: (dict(), dict(poison=simulator.poor_record(t)), dict(engine=True), dict(processes=True))  # noqa
-    return {t.name: [min(simulator.score(t, seeds, tuning=tuning, **how)["vs_oracle"]) for how in hows(t)]
-            + [min(simulator.score(phased(t, p), seeds, tuning=tuning)["vs_oracle"]) for p in PHASES] for t in traces}
+    got = {t.name: [min(simulator.score(t, seeds, tuning=tuning, **how)["vs_oracle"]) for how in hows(t)]
+           + [min(simulator.score(phased(t, p), seeds, tuning=tuning)["vs_oracle"]) for p in PHASES] for t in traces}
+    got["a long process through a phase flip (/ each call's best K)"] = [min(x for x, _ in long_flip(seeds, tuning))]
+    return got
 
 
 def phases(traces, seeds) -> None:
@@ -104,6 +123,10 @@ def phases(traces, seeds) -> None:
                                          for s in seeds))
             cells.append("%.3f / %.3f / %.3f" % tuple(got))
         print(f"| {t.name} | " + " | ".join(cells) + " |", flush=True)
+    got = long_flip(seeds)
+    print(f"\n{long_flip.__doc__.split(';')[0]}: k=auto / each call's best K "
+          f"{statistics.median(x for x, _ in got):.3f}, the last twelve calls k=auto / plain "
+          f"{statistics.median(y for _, y in got):.3f} (median of {len(got)} seeds)")
 
 
 def ablate(traces, seeds, names) -> None:

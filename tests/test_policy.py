@@ -130,13 +130,13 @@ def test_recovers_when_acceptance_rises():
 
 
 def test_a_good_draft_drafts_every_round_and_a_blind_policy_times_nothing():
-    """No plain round is spent re-timing the target (the machine's speed, which
-    every reading moves, reprices it: the simulator read 0.96 of the best
-    fixed K at worst without them, 0.949 with one in 32)."""
+    """No plain round is spent re-timing the target but one every ``reread_any`` drafting rounds (the
+    machine's speed, which every reading moves, reprices the rest; a phase of the one-token forward alone
+    it does not: ``test_drafting_long_reads_plain_decoding_again_whatever_the_gain``)."""
     policy = Policy(8)
     policy.measured("greedy", 0.97, 32)
     ks = Player(policy, BOARD, np.random.default_rng(3)).play(0.97, 600)
-    assert ks[5:].count(0) <= 3
+    assert ks[5:].count(0) <= 3 + 600 // Tuning.reread_any
     frozen = Policy(8, clock=False)  # seeded p/q runs: the timing must not change the text
     frozen.measured("greedy", 0.97, 32)
     ks = Player(frozen, BOARD, np.random.default_rng(0)).play(0.99, 300)
@@ -383,7 +383,32 @@ def test_drafting_on_a_thin_margin_reads_plain_decoding_again():
         return player.play(0.8, 300, costs=steady)
 
     assert sum(k > 0 for k in run(Tuning())[-200:]) <= 20
-    assert sum(k > 0 for k in run(Tuning(reread=10 ** 9))[-200:]) > 150
+    assert sum(k > 0 for k in run(Tuning(reread=10 ** 9, reread_any=10 ** 9))[-200:]) > 150
+
+
+def test_drafting_long_reads_plain_decoding_again_whatever_the_gain():
+    """After a slow phase, where drafting paid 1.3x and more, plain decoding sped up (this Zen 4's fast
+    phase) and was never read again: no re-read on a thin margin came, for its price said drafting paid
+    2x, and real chat drafted at 0.95x plain. After ``reread_any`` rounds drafted since a plain round was
+    timed, one is read whatever the gain, and one well under its price (``reread_again``) is read once
+    more at once: a reading moves the price half way. Off, drafting goes on for good."""
+    slow = dict(target=lambda b: 0.060 if b == 1 else 0.027 + 0.005 * b, draft=HERE["draft"])
+    fast = dict(target=lambda b: 0.020 if b == 1 else 0.027 + 0.005 * b, draft=HERE["draft"])
+    assert rate(0.9, slow, best_k(0.9, slow)) > 1.3 * rate(0.9, slow, 0) and best_k(0.9, fast) == 0
+
+    def run(tuning):
+        policy = Policy(8, tuning=tuning)
+        policy.measured("greedy", 0.9, 32)
+        player = Player(policy, slow, np.random.default_rng(3))
+        player.play(0.9, 40)
+        return player.play(0.9, 300, costs=fast)
+
+    ks = run(Tuning())
+    first = ks.index(0)
+    assert Tuning.reread_any - 40 <= first <= Tuning.reread_any and ks[first + 1] == 0  # read, and again
+    assert sum(k > 0 for k in ks[-200:]) <= 20
+    assert run(Tuning(reread_again=0.0))[first + 1] > 0  # a reading moved the price half way: drafting on
+    assert sum(k > 0 for k in run(Tuning(reread_any=10 ** 9))[-200:]) > 150
 
 
 def test_a_retry_weighs_its_gain_over_plain_decodings_recent_median():

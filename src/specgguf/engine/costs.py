@@ -220,6 +220,8 @@ class Costs:
         self.settle, self.stale, self.stored_uses = t.settle, t.stale, 0
         self._passes: dict = {}  # count_passes' answers: a function of the counts alone
         self.plain: Deque[float] = deque(maxlen=t.plain_reads)  # the last plain rounds' seconds
+        self.again, self.any = t.reread_again, t.reread_any
+        self.unread = 0  # rounds that drafted since a plain round was timed (see observe)
         self.add_record(record)
 
     def add_record(self, record: Optional[dict]) -> None:
@@ -265,17 +267,22 @@ class Costs:
         """Whether the draft's price rests on a timing, this process's or a stored one."""
         return bool(self.free or self.draft.s or self.stored.s)
 
-    def observe(self, m: Measured, prompt: bool, passes: int) -> None:
+    def observe(self, m: Measured, prompt: bool, passes: int, reread: bool = False) -> None:
         # A round of several passes is priced as one pass over all its tokens and one token's per
         # further pass, so that share is what it took less those: left untimed, the price past the
         # largest count timed stayed hopeful for good, and lookups went on drafting long beside
         # other slots at a fraction of their price. (A prompt's round reads other kernels; before
         # anything is timed a token's price is a unit, not seconds.)
-        seconds = m.target_seconds + m.rest_seconds - (passes - 1) * self.target(1)
+        # ``unread`` counts drafting rounds across prompts: a chat request drafts 15-18, and after a slow phase
+        # plain decoding, never read again, stayed priced at 16 ms where it ran at 9.6. A ``reread`` (the policy's
+        # plain round to read it) under ``again`` of its price is read once more: a reading moves it half way.
+        before, seconds = self.target(1), m.target_seconds + m.rest_seconds - (passes - 1) * self.target(1)
         if not prompt and m.target_tokens > 0 and (passes == 1 or self.target.s) and seconds > 0:
             self.target.observe(m.target_tokens, seconds)
             if m.target_tokens == 1:
                 self.plain.append(seconds)
+                self.unread = self.any if reread and seconds < self.again * before else 0
+        self.unread += bool(m.draft_forwards)
         for n, seconds, _ in m.draft_forwards:
             self.timed_draft(n, seconds)
 

@@ -6,11 +6,11 @@ until timed here); plain decoding is always a candidate. A regime nothing is kno
 measured on its prompt: :meth:`Policy.worth_measuring`). Where the draft does not pay, the choice is made every
 ``recheck`` rounds (a lone sequence's once ``recheck`` in a row drafted nothing), and a lone sequence retries after
 ``retry`` plain rounds (longer after a retry that did not hold) if the draft would pay at its optimistic acceptance
-or at a doubted price, asking every ``recheck`` rounds; drafting on a thin margin, it reads plain decoding again every
-``reread`` rounds. A draft's catch-up (a new prompt, or text it skipped) is paid once for the tokens a sequence is
-expected to emit yet, as long as recent answers ran (:meth:`Policy.left`); a long one is priced only once draft
-batches were timed (:meth:`Policy.batches_to_time`). Numbers: :class:`~specgguf.engine.tuning.Tuning`; no models,
-files or clock here."""
+or at a doubted price, asking every ``recheck`` rounds; it reads plain decoding again after ``reread`` rounds drafted
+on a thin margin, ``reread_any`` at any. A draft's catch-up (a new prompt, or text it skipped) is paid once for the
+tokens a sequence is expected to emit yet, as long as recent answers ran (:meth:`Policy.left`); a long one is priced
+only once draft batches were timed (:meth:`Policy.batches_to_time`). Numbers: :class:`~specgguf.engine.tuning.Tuning`;
+no models, files or clock here."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ class Policy:
         self.regimes: Dict[str, Regime] = {}
         self.answers: Deque[Tuple[int, bool]] = deque(maxlen=16)  # recent answers' lengths, and whether cut
         self.can_time = False  # its rounds time draft batches when asked (batches_to_time)
-        self.resting = self.drafting = 0  # rounds in a row it chose to draft nothing for, and to draft
+        self.resting, self.drafting, self.rereading = 0, 0, False  # rounds in a row not drafting, drafting; a re-read
 
     def regime(self, name: str) -> Regime:
         return self.regimes[name] if name in self.regimes else self.regimes.setdefault(name, Regime(self.k_max, self.t))
@@ -101,7 +101,8 @@ class Policy:
     def round_done(self, views: Sequence[SlotView], ks: Sequence[int], m: Optional[Measured]) -> None:
         """After a round that drafted ``ks`` for ``views``: its costs (``m``; None: untimed)."""
         if m is not None and self.clock:
-            self.costs.observe(m, any(v.target_lag > 1 for v in views), self.costs.passes(views, ks))
+            self.costs.observe(m, any(v.target_lag > 1 for v in views), self.costs.passes(views, ks), self.rereading)
+        self.rereading = False
         drafted = {v.regime for v, k in zip(views, ks) if k}
         plain = self.costs.target(1)  # the round's seconds in plain rounds, past one
         spent = (m.target_seconds + m.rest_seconds + sum(x[1] for x in m.draft_forwards)) / plain - 1 if m else 0.0
@@ -130,9 +131,9 @@ class Policy:
             self.resting += bool(rest)
             return [v.cap if v.fixed else 0 for v in views]
         best, gain = self._best(views)
-        thin = gain < self.t.reread_gain and self.clock and not self.costs.free
-        if len(views) == 1 and thin and self.drafting >= self.t.reread:
-            best = [0]  # drafting on a thin margin weighs plain decoding at its last price: read it again
+        stale = self.costs.unread >= self.t.reread_any or (gain < self.t.reread_gain and self.drafting >= self.t.reread)
+        self.rereading = len(views) == 1 and self.clock and not self.costs.free and stale  # drafting long (on a thin
+        best = [0] if self.rereading else best  # margin) weighs plain decoding at its last price: read it again
         self.resting = 0 if any(best) else self.resting + any(v.cap > 0 for v in views)  # chosen, not forced
         self.drafting = self.drafting + 1 if any(best) else 0
         return best
