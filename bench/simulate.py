@@ -124,7 +124,7 @@ def phases(traces, seeds) -> None:
             cells.append("%.3f / %.3f / %.3f" % tuple(got))
         print(f"| {t.name} | " + " | ".join(cells) + " |", flush=True)
     got = long_flip(seeds)
-    print(f"\n{long_flip.__doc__.split(';')[0]}: k=auto / each call's best K "
+    print(f"\n{' '.join(long_flip.__doc__.split(';')[0].split())}: k=auto / each call's best K "
           f"{statistics.median(x for x, _ in got):.3f}, the last twelve calls k=auto / plain "
           f"{statistics.median(y for _, y in got):.3f} (median of {len(got)} seeds)")
 
