@@ -32,7 +32,8 @@ class Regime:
     after a rejection, as drafts miss in runs), ``total`` = (accepted,
     verified) overall, a prior counted once; ``seen``: positions verified in
     this process (a prior is no verdict); ``idle``: plain rounds in a row;
-    ``wait``: plain rounds before a retry; ``retried``: 2 as one starts; ``spent``: what the last cost; ``bet``: the gain it bet on;
+    ``wait``: plain rounds before a retry; ``retried``: 2 as one starts;
+    ``spent``: what the last cost; ``bet``: the gain it bet on;
     ``promised``: recent drafting rounds' tokens, the estimate's promise, rounds."""
 
     def __init__(self, k_max: int, t: Tuning = Tuning()) -> None:

@@ -276,7 +276,8 @@ class Costs:
         # ``unread`` counts drafting rounds across prompts: a chat request drafts 15-18, and after a slow phase
         # plain decoding, never read again, stayed priced at 16 ms where it ran at 9.6. A ``reread`` (the policy's
         # plain round to read it) under ``again`` of its price is read once more: a reading moves it half way.
-        before, seconds = self.target(1), m.target_seconds + m.rest_seconds - (passes - 1) * self.target(1)
+        before = self.target(1)
+        seconds = m.target_seconds + m.rest_seconds - (passes - 1) * before
         if not prompt and m.target_tokens > 0 and (passes == 1 or self.target.s) and seconds > 0:
             self.target.observe(m.target_tokens, seconds)
             if m.target_tokens == 1:

@@ -39,9 +39,7 @@ class Tuning:
     batch_timing: tuple = (1, 31)  # draft forwards timed (tokens) before a long catch-up is first priced
     reread: int = 16           # rounds in a row drafting on a gain under reread_gain, then one plain round: priced
     reread_gain: float = 1.3   # on early readings (a warm-up, a phase since), plain decoding looked dearer than it ran
-    reread_any: int = 64
-    reread_again: float = 0.9
-    reread_any: int = 64      # whatever the gain, after this many rounds drafted since a plain round was timed
+    reread_any: int = 64       # whatever the gain, after this many rounds drafted since a plain round was timed
     reread_again: float = 0.9  # and a re-read under this of its price at once again (one moves it half way)
     plain_reads: int = 16      # a retry's gain is over the median of this many last plain rounds
     recheck: int = 4           # a batch that drafted nothing, a lone sequence once this many rounds in a
