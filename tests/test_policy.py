@@ -366,6 +366,16 @@ def test_drafting_priced_in_a_slow_phase_is_tried_again():
     assert sum(k > 0 for k in run(False)[1]) == 0
 
 
+def played_through(first, then, acceptance, seed, rounds, tuning):
+    """K per round of a lone sequence, measured at ``acceptance``, after ``rounds`` rounds on ``first``'s
+    costs, over 300 rounds on ``then``'s (a warm-up or a phase that ended)."""
+    policy = Policy(8, tuning=tuning)
+    policy.measured("greedy", acceptance, 32)
+    player = Player(policy, first, np.random.default_rng(seed))
+    player.play(acceptance, rounds)
+    return player.play(acceptance, 300, costs=then)
+
+
 def test_drafting_on_a_thin_margin_reads_plain_decoding_again():
     """Plain decoding read dear right after the prompt (a warm-up; or a phase that ended) and never
     again while every round drafts: drafting on a thin margin went on at 0.87x plain in real chat.
@@ -376,11 +386,7 @@ def test_drafting_on_a_thin_margin_reads_plain_decoding_again():
     assert rate(0.8, warm, best_k(0.8, warm)) > 1.05 * rate(0.8, warm, 0) and best_k(0.8, steady) == 0
 
     def run(tuning):
-        policy = Policy(8, tuning=tuning)
-        policy.measured("greedy", 0.8, 32)
-        player = Player(policy, warm, np.random.default_rng(2))
-        player.play(0.8, 3)
-        return player.play(0.8, 300, costs=steady)
+        return played_through(warm, steady, 0.8, 2, 3, tuning)
 
     assert sum(k > 0 for k in run(Tuning())[-200:]) <= 20
     assert sum(k > 0 for k in run(Tuning(reread=10 ** 9, reread_any=10 ** 9))[-200:]) > 150
@@ -397,11 +403,7 @@ def test_drafting_long_reads_plain_decoding_again_whatever_the_gain():
     assert rate(0.9, slow, best_k(0.9, slow)) > 1.3 * rate(0.9, slow, 0) and best_k(0.9, fast) == 0
 
     def run(tuning):
-        policy = Policy(8, tuning=tuning)
-        policy.measured("greedy", 0.9, 32)
-        player = Player(policy, slow, np.random.default_rng(3))
-        player.play(0.9, 40)
-        return player.play(0.9, 300, costs=fast)
+        return played_through(slow, fast, 0.9, 3, 40, tuning)
 
     ks = run(Tuning())
     first = ks.index(0)
